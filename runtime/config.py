@@ -1,0 +1,115 @@
+"""Engine configuration: one flat `EngineArgs` (what users set, as CLI flags or
+`LLM(**kwargs)`) that resolves into the per-part configs the engine uses."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from pagoda.runtime.sampling_params import InvalidRequestError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    # CUDA: this fraction of the device's memory is the budget for weights,
+    # activations and the KV cache together (vLLM's gpu_memory_utilization).
+    gpu_memory_utilization: float = 0.9
+    # CPU: the KV cache gets this many GiB (vLLM's VLLM_CPU_KVCACHE_SPACE).
+    kv_cache_memory_gib: float = 2.0
+    # Fixes the number of blocks, bypassing the memory budget (tests, tuning).
+    num_kv_blocks: int | None = None
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 8192
+
+
+@dataclass
+class EngineArgs:
+    """Every engine option; the CLI flags are these fields with dashes."""
+
+    model: str = "smollm2-135m-instruct"
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_gib: float = 2.0
+    num_kv_blocks: int | None = None
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    random_weights: bool = False
+    # Extra fields of a model config, e.g. {"num_hidden_layers": 2} to shrink a
+    # model for a quick check; applied on top of config.json or GGUF metadata.
+    hf_overrides: dict = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineArgs:
+        unknown = set(kwargs) - cls.field_names()
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        def check(ok: bool, param: str, msg: str) -> None:
+            if not ok:
+                raise InvalidRequestError(f"{param} {msg}", param=param)
+
+        check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            "attention_backend",
+            f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
+        )
+        check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
+        check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
+        check(self.block_size in (8, 16, 32, 64, 128), "block_size", "must be 8, 16, 32, 64 or 128")
+        check(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            "must be in (0, 1]",
+        )
+        check(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", "must be positive")
+        check(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "num_kv_blocks",
+            "must be at least 1",
+        )
+        check(
+            self.max_model_len is None or self.max_model_len >= 1,
+            "max_model_len",
+            "must be at least 1",
+        )
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_gib=self.kv_cache_memory_gib,
+            num_kv_blocks=self.num_kv_blocks,
+        )
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )

@@ -1,0 +1,75 @@
+"""Messages that cross the engine-core boundary.
+
+Plain dataclasses, so the offline engine needs no serialisation library; the
+server encodes the same classes with msgspec, which supports dataclasses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pagoda.runtime.core.request import FinishReason
+from pagoda.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineCoreRequest:
+    """A new request from the front end: already tokenized and validated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0
+    cache_extra_keys: tuple = ()
+
+
+@dataclass
+class TokenLogprobs:
+    """Log-probabilities for one generated position.
+
+    `token_ids[0]` is the sampled token, followed by the top-N alternatives in
+    descending order; `logprobs` is aligned with it. `sampled_rank` is the
+    sampled token's 1-based rank in the full distribution.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    sampled_rank: int
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one request produced in one step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    """Engine state after a step; counters are cumulative since start."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = field(default_factory=time.monotonic)

@@ -1,0 +1,147 @@
+"""Per-request sampling parameters, validated once when the request arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+class InvalidRequestError(ValueError):
+    """A request field is out of range. `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request's output; mirrors vLLM's `SamplingParams`.
+
+    temperature 0 means greedy. `top_k` -1 (or 0 from clients that use 0 as
+    "off", normalised here) disables top-k. Penalties follow OpenAI
+    (presence/frequency, over generated tokens) and the CTRL paper
+    (repetition, over prompt and generated tokens).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first field that is out of range."""
+
+        def check(ok: bool, param: str, msg: str) -> None:
+            if not ok:
+                raise InvalidRequestError(f"{param} {msg}", param=param)
+
+        check(_is_int(self.n) and self.n >= 1, "n", f"must be at least 1, got {self.n!r}")
+        check(
+            _is_num(self.temperature) and self.temperature >= 0,
+            "temperature",
+            f"must be non-negative, got {self.temperature!r}",
+        )
+        check(
+            _is_num(self.top_p) and 0 < self.top_p <= 1,
+            "top_p",
+            f"must be in (0, 1], got {self.top_p!r}",
+        )
+        check(
+            _is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
+            "top_k",
+            f"must be -1 (disabled) or at least 1, got {self.top_k!r}",
+        )
+        check(
+            _is_num(self.min_p) and 0 <= self.min_p <= 1,
+            "min_p",
+            f"must be in [0, 1], got {self.min_p!r}",
+        )
+        check(
+            _is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+            "presence_penalty",
+            f"must be in [-2, 2], got {self.presence_penalty!r}",
+        )
+        check(
+            _is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+            "frequency_penalty",
+            f"must be in [-2, 2], got {self.frequency_penalty!r}",
+        )
+        check(
+            _is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+            "repetition_penalty",
+            f"must be positive, got {self.repetition_penalty!r}",
+        )
+        check(
+            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+            "max_tokens",
+            f"must be at least 1, got {self.max_tokens!r}",
+        )
+        check(
+            _is_int(self.min_tokens) and self.min_tokens >= 0,
+            "min_tokens",
+            f"must be non-negative, got {self.min_tokens!r}",
+        )
+        if self.max_tokens is not None:
+            check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}",
+            )
+        check(
+            self.seed is None or _is_int(self.seed),
+            "seed",
+            f"must be an integer, got {self.seed!r}",
+        )
+        check(
+            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            "logprobs",
+            f"must be in [0, 20], got {self.logprobs!r}",
+        )
+        check(
+            all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "must be non-empty strings",
+        )
+        check(
+            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be non-negative integers",
+        )
+
+    def for_child(self, index: int) -> SamplingParams:
+        """Parameters of the index-th of `n` samples: one sample each, and
+        distinct seeds so seeded `n>1` requests do not repeat one sample."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
