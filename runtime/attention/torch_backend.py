@@ -1,0 +1,108 @@
+"""Paged attention in plain torch: runs on any device and is the oracle the
+Triton kernels are checked against.
+
+Decodes (one query token) of the whole step are computed together: their
+context is gathered from the paged cache through the block table into a
+padded [requests, max_context] tensor and fed to one
+scaled_dot_product_attention call with a padding mask. Prefill chunks are
+computed one request at a time (a step holds few of them), each with a causal
+mask shifted by the tokens already cached before the chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pagoda.runtime.attention.backend import AttentionBackend, AttentionMetadata
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter this step's K/V ([T, Hkv, D]) into the cache at their slots."""
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
+    flat[0].index_copy_(0, slot_mapping, key)
+    flat[1].index_copy_(0, slot_mapping, value)
+
+
+def gather_kv(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the first `num_tokens` positions of each request's block
+    table, as [R, Hkv, num_tokens, D]."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-num_tokens // block_size)
+    blocks = block_table[:, :num_blocks]
+    r = blocks.shape[0]
+    # kv_cache[:, blocks] -> [2, R, nb, B, Hkv, D]
+    kv = kv_cache[:, blocks].flatten(2, 3)[:, :, :num_tokens]
+    kv = kv.transpose(2, 3)  # [2, R, Hkv, L, D]
+    assert kv.shape[1] == r
+    return kv[0], kv[1]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        n = metadata.num_actual_tokens
+        write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping)
+        out = torch.empty_like(query)
+
+        qsl = metadata.query_start_loc_cpu
+        query_lens = qsl[1:] - qsl[:-1]
+        seq_lens = metadata.seq_lens_cpu
+        decode_rows = torch.nonzero(query_lens == 1).flatten()
+        prefill_rows = torch.nonzero(query_lens > 1).flatten().tolist()
+
+        if decode_rows.numel():
+            self._decode(query, kv_cache, metadata, decode_rows, scale, out)
+        for row in prefill_rows:
+            start, end = int(qsl[row]), int(qsl[row + 1])
+            self._prefill(
+                query[start:end], kv_cache, metadata, row, int(seq_lens[row]), scale, out[start:end]
+            )
+        return out
+
+    @staticmethod
+    def _decode(query, kv_cache, metadata, rows_cpu, scale, out) -> None:
+        tokens = metadata.query_start_loc_cpu[rows_cpu].to(query.device)
+        rows = rows_cpu.to(query.device)
+        seq_lens = metadata.seq_lens[rows]
+        max_len = int(metadata.seq_lens_cpu[rows_cpu].max())
+        k, v = gather_kv(kv_cache, metadata.block_table[rows], max_len)
+        q = query[tokens].unsqueeze(2)  # [R, Hq, 1, D]
+        positions = torch.arange(max_len, device=query.device)
+        mask = (positions[None, :] < seq_lens[:, None]).view(-1, 1, 1, max_len)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[tokens] = o.squeeze(2)
+
+    @staticmethod
+    def _prefill(query, kv_cache, metadata, row, seq_len, scale, out) -> None:
+        q_len = query.shape[0]
+        k, v = gather_kv(kv_cache, metadata.block_table[row : row + 1], seq_len)
+        q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+        if q_len == seq_len:
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:
+            # Query i sits at absolute position seq_len - q_len + i and sees
+            # every key up to and including that position.
+            offset = seq_len - q_len
+            qpos = torch.arange(q_len, device=query.device)[:, None] + offset
+            kpos = torch.arange(seq_len, device=query.device)[None, :]
+            mask = kpos <= qpos
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        out.copy_(o.squeeze(0).transpose(0, 1))
