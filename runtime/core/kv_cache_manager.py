@@ -1,0 +1,226 @@
+"""Which KV cache blocks each request owns, and the prefix cache over them.
+
+The scheduler asks two questions per request and step: how much of this
+prompt is already cached (`get_computed_blocks`, once, when a request is
+admitted) and can it have room for N more tokens (`allocate_slots`). Blocks
+are shared by reference count, so `n>1` samples and requests with a common
+prefix (system prompts, multi-turn chats) store that prefix once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable
+
+from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
+from pagoda.runtime.core.request import Request
+
+# The parent key of a request's first block. Any fixed value will do; it only
+# has to be the same for every request.
+ROOT_BLOCK_HASH = 0x5EED
+
+HASH_ALGOS = ("builtin", "sha256")
+
+BlockHashFn = Callable[[tuple], int]
+
+
+def builtin_block_hash(key: tuple) -> int:
+    """Python's tuple hash: about 1 µs for a 16-token block.
+
+    It is 64-bit and not cryptographic, so someone who chooses prompts could
+    craft two blocks with one key and read another request's KV through the
+    prefix cache; accidental collisions are about 2^-64 per pair. String extra
+    keys hash differently in each process (PYTHONHASHSEED), which is harmless
+    because the cache lives in one process. Use "sha256" for untrusted
+    multi-tenant traffic, as vLLM offers.
+    """
+    return hash(key)
+
+
+def sha256_block_hash(key: tuple) -> int:
+    """A collision-resistant key, a few µs per block slower than the builtin."""
+    digest = hashlib.sha256(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    return int.from_bytes(digest, "big")
+
+
+_HASH_FNS: dict[str, BlockHashFn] = {"builtin": builtin_block_hash, "sha256": sha256_block_hash}
+
+
+class KVCacheManager:
+    """Allocates blocks to requests and reuses cached prefix blocks.
+
+    A block is hashed and registered in the prefix cache as soon as it is
+    allocated for the step that fills it, before its KV is written (as vLLM V1
+    does). That lets a second request scheduled in the same step, such as
+    sample 2 of `n=2`, hit the blocks of sample 1: the attention layer writes
+    every request's K/V of a step before any request reads.
+
+    Counters: `prefix_cache_queries` and `prefix_cache_hits` are in tokens,
+    like vLLM's. They are counted when a request is admitted, i.e. on the
+    first successful `allocate_slots` after it was waiting (so once at its
+    first scheduling and again after each preemption, but not again for each
+    step a blocked request retries).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_algo: str = "builtin",
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if hash_algo not in _HASH_FNS:
+            raise ValueError(f"hash_algo must be one of {HASH_ALGOS}, got {hash_algo!r}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.hash_fn = _HASH_FNS[hash_algo]
+        self.block_pool = BlockPool(num_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are registered in the cache,
+        # so each step only looks at blocks that became full since.
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request owns, including evictable cached ones."""
+        return self.block_pool.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks owned by some request, in [0, 1]."""
+        return self.block_pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of `request`, in whole blocks.
+
+        Returns the hit blocks and the number of tokens they hold. At most
+        `num_tokens - 1` tokens are reported as hits, so the last token is
+        always computed and the model produces logits to sample from. The
+        blocks are not referenced yet: pass them to `allocate_slots`.
+        """
+        if not self.enable_caching:
+            return [], 0
+        self._update_block_hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        cache = self.block_pool.cached_block_hash_to_block
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = cache.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+    ) -> list[int] | None:
+        """Make room for `num_new_tokens` more tokens of `request`.
+
+        `new_computed_blocks`/`num_new_computed_tokens` are a newly admitted
+        request's prefix hits from `get_computed_blocks`. Returns the ids of
+        the blocks the request gained (hits first, then fresh blocks): what the
+        model runner appends to its block table. Returns None, changing
+        nothing, when there are not enough free blocks; cached blocks nobody
+        owns count as free, since they can be evicted.
+        """
+        computed = new_computed_blocks or []
+        req_id = request.request_id
+        req_blocks = self.req_to_blocks.get(req_id)
+        is_new = req_blocks is None
+        if is_new:
+            req_blocks = self.req_to_blocks[req_id] = []
+            self.num_cached_blocks[req_id] = len(computed)
+
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_required = -(-num_tokens // self.block_size)
+        num_new_blocks = num_required - len(req_blocks) - len(computed)
+        # Free hits sit in the free queue: touching them uses up free blocks.
+        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0)
+        if num_new_blocks + num_free_hits > self.num_free_blocks:
+            if is_new:
+                del self.req_to_blocks[req_id]
+                del self.num_cached_blocks[req_id]
+            return None
+
+        pool = self.block_pool
+        if computed:
+            pool.touch(computed)
+            req_blocks.extend(computed)
+        if num_new_blocks > 0:
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            req_blocks.extend(new_blocks)
+        else:
+            new_blocks = []
+        if self.enable_caching:
+            if is_new:
+                self.prefix_cache_queries += request.num_tokens
+                self.prefix_cache_hits += num_new_computed_tokens
+            # Only blocks whose every token id is known can be keyed.
+            num_full = min(num_tokens, len(request.all_token_ids)) // self.block_size
+            self._cache_full_blocks(request, req_blocks, num_full)
+        if computed:
+            return [block.block_id for block in computed + new_blocks]
+        return [block.block_id for block in new_blocks]
+
+    def free(self, request: Request) -> None:
+        """Give back every block of `request` (a no-op if it has none).
+
+        Tail first: the free queue then evicts a prompt's last blocks before
+        its first ones, which are the ones other requests are likeliest to
+        share (system prompts).
+        """
+        blocks = self.req_to_blocks.pop(request.request_id, None)
+        self.num_cached_blocks.pop(request.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table, in order."""
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; refused (False) while any block is owned."""
+        return self.block_pool.reset_prefix_cache()
+
+    def _cache_full_blocks(
+        self, request: Request, req_blocks: list[KVCacheBlock], num_full_blocks: int
+    ) -> None:
+        req_id = request.request_id
+        num_cached = self.num_cached_blocks[req_id]
+        if num_full_blocks <= num_cached:
+            return
+        self._update_block_hashes(request)
+        self.block_pool.cache_full_blocks(
+            req_blocks, request.block_hashes, num_cached, num_full_blocks
+        )
+        self.num_cached_blocks[req_id] = num_full_blocks
+
+    def _update_block_hashes(self, request: Request) -> None:
+        """Extend `request.block_hashes` to cover every full block of its
+        tokens. Only new blocks are hashed: each key chains on its parent's."""
+        hashes = request.block_hashes
+        start = len(hashes)
+        bs = self.block_size
+        num_full = request.num_tokens // bs
+        if start >= num_full:
+            return
+        parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
+        tokens = request.all_token_ids
+        extra = request.cache_extra_keys
+        hash_fn = self.hash_fn
+        for i in range(start, num_full):
+            parent = hash_fn((parent, tuple(tokens[i * bs : (i + 1) * bs]), extra))
+            hashes.append(parent)
