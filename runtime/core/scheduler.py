@@ -1,0 +1,316 @@
+"""Continuous batching: which requests compute how many tokens each step.
+
+The whole decision is `{request_id: num_new_tokens}` under one token budget,
+so prefill chunks and decodes are the same thing (vLLM V1's design). Running
+requests go first, in admission order: a decode takes one token, a request in
+the middle of a chunked prefill takes what remains of its prompt or what
+remains of the budget. Waiting requests are then admitted first come, first
+served, their prefill chunked to fit the budget that is left.
+
+When blocks run out for a running request, the newest running request is
+preempted by recompute: its blocks are freed and it goes back to the front of
+the waiting queue with its output so far, to be prefilled again later (much
+of it usually straight from the prefix cache).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from pagoda.runtime.config import CacheConfig, SchedulerConfig
+from pagoda.runtime.core.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagoda.runtime.core.request import Request, RequestStatus
+from pagoda.runtime.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from pagoda.runtime.sampling_params import InvalidRequestError
+
+
+class Scheduler:
+    """Decides each step's batch and applies the model's sampled tokens."""
+
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+    ) -> None:
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        capacity = num_blocks * cache_config.block_size
+        # A request alone must always fit, or preempting everything else could
+        # still leave it stuck: it would preempt itself forever.
+        if capacity < self.max_model_len:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is larger than the KV cache "
+                f"holds ({num_blocks} blocks x {cache_config.block_size} = {capacity} "
+                "tokens); lower max_model_len or give the cache more memory"
+            )
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        # Admission order, oldest first: the tail is the preemption victim.
+        self.running: list[Request] = []
+        # Finished or aborted since the last schedule(); the runner drops them.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # -- requests in and out -------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (FCFS)."""
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if n > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens, more than max_model_len ({self.max_model_len})",
+                param="prompt",
+            )
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Finish these requests as aborted and free their blocks; unknown or
+        already finished ids are ignored."""
+        aborted = set()
+        for req_id in request_ids:
+            request = self.requests.pop(req_id, None)
+            if request is None:
+                continue
+            request.status = RequestStatus.FINISHED_ABORTED
+            self.kv_cache_manager.free(request)
+            self.finished_req_ids.add(req_id)
+            aborted.add(req_id)
+        if aborted:
+            # One rebuild per call rather than an O(n) remove per id.
+            self.running = [r for r in self.running if r.request_id not in aborted]
+            self.waiting = deque(r for r in self.waiting if r.request_id not in aborted)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- one step ------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch and advance `num_computed_tokens` for it."""
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        cached = CachedRequestData()
+        preempted: list[Request] = []
+        budget = self._schedule_running(budget, num_scheduled, cached, preempted)
+        new_reqs: list[NewRequestData] = []
+        # As in vLLM: a step that had to preempt is out of blocks, so admitting
+        # new work would only thrash (and a preempted request must not be
+        # dropped and re-added in one SchedulerOutput).
+        if not preempted:
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
+
+        finished = self.finished_req_ids
+        finished.update(r.request_id for r in preempted)
+        self.finished_req_ids = set()
+        total = self.max_num_batched_tokens - budget
+        assert 0 <= total <= self.max_num_batched_tokens
+        assert len(num_scheduled) <= self.max_num_seqs
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=total,
+            finished_req_ids=finished,
+        )
+
+    def _schedule_running(
+        self,
+        budget: int,
+        num_scheduled: dict[str, int],
+        cached: CachedRequestData,
+        preempted: list[Request],
+    ) -> int:
+        allocate = self.kv_cache_manager.allocate_slots
+        running = self.running
+        req_ids, new_block_ids, computed = (
+            cached.req_ids,
+            cached.new_block_ids,
+            cached.num_computed_tokens,
+        )
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            num_new = len(request.all_token_ids) - request.num_computed_tokens
+            if num_new > budget:
+                num_new = budget
+            if num_new <= 0:
+                # Finished its prompt but the runner sampled nothing: nothing
+                # to compute until it does.
+                i += 1
+                continue
+            block_ids = allocate(request, num_new)
+            while block_ids is None:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    return budget
+                block_ids = allocate(request, num_new)
+            req_id = request.request_id
+            num_scheduled[req_id] = num_new
+            req_ids.append(req_id)
+            new_block_ids.append(block_ids)
+            computed.append(request.num_computed_tokens)
+            request.num_computed_tokens += num_new
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(
+        self, budget: int, num_scheduled: dict[str, int], new_reqs: list[NewRequestData]
+    ) -> int:
+        kv = self.kv_cache_manager
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = waiting[0]
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, budget)
+            block_ids = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
+            if block_ids is None:
+                break  # FCFS: nobody overtakes the head of the queue
+            waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+                request.first_scheduled_time = time.monotonic()
+            new_reqs.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                    block_ids=block_ids,
+                    num_computed_tokens=num_hit,
+                )
+            )
+            num_scheduled[request.request_id] = num_new
+            request.num_computed_tokens = num_hit + num_new
+            budget -= num_new
+        return budget
+
+    def _preempt(self, request: Request) -> None:
+        """Preempt by recompute; the output so far is kept."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # -- after the forward ---------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Append sampled tokens, finish requests that hit a stop condition,
+        and report what each request produced."""
+        outputs: list[EngineCoreOutput] = []
+        all_logprobs = model_runner_output.logprobs
+        requests = self.requests
+        num_finished = 0
+        for req_id, token_ids in model_runner_output.sampled_token_ids.items():
+            request = requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING or not token_ids:
+                continue  # aborted (or preempted) since it was scheduled
+            new_token_ids = self._append_until_stop(request, token_ids)
+            logprobs = all_logprobs.get(req_id)
+            if logprobs is not None:
+                logprobs = logprobs[: len(new_token_ids)]
+            finish_reason = None
+            if request.status > RequestStatus.PREEMPTED:
+                finish_reason = request.get_finish_reason()
+                self._finish(request)
+                num_finished += 1
+            outputs.append(
+                EngineCoreOutput(
+                    req_id,
+                    new_token_ids,
+                    logprobs,
+                    finish_reason,
+                    request.stop_reason,
+                    request.num_cached_tokens,
+                )
+            )
+        if num_finished:
+            self.running = [r for r in self.running if r.status <= RequestStatus.PREEMPTED]
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append tokens one at a time, stopping at the first stop condition
+        (several tokens per step come with speculative decoding)."""
+        if len(token_ids) == 1:
+            request.output_token_ids.append(token_ids[0])
+            request.all_token_ids.append(token_ids[0])
+            self._check_stop(request)
+            return token_ids
+        for n, token_id in enumerate(token_ids, 1):
+            request.output_token_ids.append(token_id)
+            request.all_token_ids.append(token_id)
+            if self._check_stop(request):
+                return token_ids[:n]
+        return token_ids
+
+    def _check_stop(self, request: Request) -> bool:
+        """Set the finished status if the last token ends the request.
+
+        Order: max_tokens, max_model_len, then (once min_tokens are out) EOS
+        and stop_token_ids.
+        """
+        num_output = len(request.output_token_ids)
+        if num_output >= request.max_tokens or len(request.all_token_ids) >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        params = request.sampling_params
+        if num_output < params.min_tokens:
+            return False
+        last = request.output_token_ids[-1]
+        if last == request.eos_token_id and not params.ignore_eos:
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        if params.stop_token_ids and last in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last
+            return True
+        return False
+
+    def _finish(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def make_stats(self) -> SchedulerStats:
+        """Engine state now; the counters are cumulative."""
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; refused (False) while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
