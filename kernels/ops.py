@@ -1,0 +1,137 @@
+"""One function per op: the Triton kernel where it can run, else its torch twin.
+
+Triton runs on CUDA tensors, and on CPU tensors when `TRITON_INTERPRET=1`
+was set before Triton was first imported (the tests do this). Anywhere else
+(a CPU run of the runtime) the pure-torch twin from `reference.py` computes
+the same thing, so callers never branch. Kernel modules are imported lazily:
+importing this module does not import Triton.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from pagoda.kernels import reference
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels can run on tensors like `t`."""
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write `key`/`value` [num_tokens, num_kv_heads, head_size] into `kv_cache`
+    [2, num_blocks, block_size, num_kv_heads, head_size] at `slot_mapping`
+    (int64 [num_tokens], slot = block_id * block_size + offset; -1 skips)."""
+    if use_triton(kv_cache):
+        from pagoda.kernels.cache_write import reshape_and_cache_triton
+
+        reshape_and_cache_triton(key, value, kv_cache, slot_mapping)
+    else:
+        reference.reshape_and_cache_ref(key, value, kv_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of a flattened batch of prefill chunks and decodes over
+    the paged KV cache (the cache already holds this step's K/V).
+
+    query [num_tokens, num_heads, head_size] (num_tokens == query_start_loc[-1]);
+    kv_cache [2, num_blocks, block_size, num_kv_heads, head_size], same dtype;
+    block_table int32 [num_reqs, max_blocks]; seq_lens int32 [num_reqs] (context
+    including this step); query_start_loc int32 [num_reqs + 1]. `max_query_len`
+    and `max_seq_len` are host integers for launch decisions; `num_splits`
+    pins the split-KV factor (None: `choose_num_splits`). Writes into `out` if
+    given and returns [num_tokens, num_heads, head_size].
+    """
+    if use_triton(query):
+        from pagoda.kernels.paged_attention import paged_attention_triton
+
+        return paged_attention_triton(
+            query,
+            kv_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            out=out,
+            num_splits=num_splits,
+        )
+    result = reference.paged_attention_ref(
+        query, kv_cache, block_table, seq_lens, query_start_loc, scale
+    )
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dim of `x` [..., hidden] with `weight` [hidden].
+    With `residual`, returns `(norm(x + residual), x + residual)` (new tensors)."""
+    if use_triton(x):
+        from pagoda.kernels.rms_norm import rms_norm_triton
+
+        return rms_norm_triton(x, weight, eps, residual)
+    return reference.rms_norm_ref(x, weight, eps, residual)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """`silu(x[..., :d]) * x[..., d:]` for `x` [..., 2d]; returns [..., d]."""
+    if use_triton(x):
+        from pagoda.kernels.activation import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return reference.silu_and_mul_ref(x)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int | None = None,
+) -> None:
+    """Neox-style RoPE applied in place to `query` and `key`.
+
+    positions int [num_tokens]; query [num_tokens, num_heads, head_size] and key
+    [num_tokens, num_kv_heads, head_size] (or 2-D [num_tokens, heads * head_size]
+    views, with `head_size` given); cos_sin_cache [max_pos, rot_dim] holding cos
+    then sin, rot_dim <= head_size (the rest of each head is left as is).
+    """
+    if query.dim() == 2:
+        assert head_size is not None, "2-D query/key need head_size"
+        query = query.view(query.shape[0], -1, head_size)
+        key = key.view(key.shape[0], -1, head_size)
+    if use_triton(query):
+        from pagoda.kernels.rotary import rotary_embedding_triton
+
+        rotary_embedding_triton(positions, query, key, cos_sin_cache)
+    else:
+        reference.rotary_embedding_ref(positions, query, key, cos_sin_cache)

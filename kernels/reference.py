@@ -1,0 +1,124 @@
+"""Pure-torch reference twins of every Triton kernel in this package.
+
+Each twin computes what its kernel computes, written for clarity instead of
+speed: the tests compare kernel against twin on random inputs, and the
+dispatch layer (`pagoda.kernels.ops`) falls back to a twin when Triton cannot
+run (a CPU tensor without `TRITON_INTERPRET=1`). Twins never import Triton.
+
+Numerics follow Hugging Face transformers where the runtime must match it:
+math in float32, one rounding to the input dtype where transformers rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def reshape_and_cache_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter `key`/`value` [num_tokens, num_kv_heads, head_size] into the paged
+    cache [2, num_blocks, block_size, num_kv_heads, head_size] at `slot_mapping`
+    (slot = block_id * block_size + offset). Slots < 0 mark padding and are skipped."""
+    num_tokens = slot_mapping.shape[0]
+    block_size = kv_cache.shape[2]
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    slots = slots[keep]
+    blocks, offsets = slots // block_size, slots % block_size
+    kv_cache[0, blocks, offsets] = key[:num_tokens][keep].to(kv_cache.dtype)
+    kv_cache[1, blocks, offsets] = value[:num_tokens][keep].to(kv_cache.dtype)
+
+
+def paged_attention_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of a flattened batch over the paged cache, one request at a time.
+
+    Request i's queries `query[query_start_loc[i]:query_start_loc[i+1]]` are the
+    last positions of its `seq_lens[i]` tokens; query j (0-based within the
+    request) sees keys 0 .. seq_len - query_len + j. Returns [num_tokens,
+    num_heads, head_size] in the query's dtype; math in float32.
+    """
+    num_heads = query.shape[1]
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(query)
+    qsl = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        start, end = qsl[i], qsl[i + 1]
+        if end == start:
+            continue
+        pos = torch.arange(seq_len, device=query.device)
+        blocks = block_table[i].to(torch.int64)[pos // block_size]
+        k = kv_cache[0, blocks, pos % block_size].float()  # [seq, kv_heads, d]
+        v = kv_cache[1, blocks, pos % block_size].float()
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        q = query[start:end].float()
+        s = torch.einsum("qhd,khd->hqk", q, k) * scale
+        q_pos = seq_len - (end - start) + torch.arange(end - start, device=query.device)
+        s = s.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[start:end] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).to(query.dtype)
+    return out
+
+
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dim, as transformers' LlamaRMSNorm computes it.
+
+    With `residual`, first `x = x + residual` (rounded to x's dtype, as the
+    model's residual stream is) and returns `(norm(x), x)`, like vLLM's
+    fused_add_rms_norm; without it, returns `norm(x)`.
+    """
+    dtype = x.dtype
+    if residual is not None:
+        x = (x.float() + residual.float()).to(dtype)
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = (weight.float() * normed.to(dtype).float()).to(dtype)
+    return out if residual is None else (out, x)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """`silu(x[..., :d]) * x[..., d:]` for x [..., 2d]; fp32 math, one rounding."""
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
+def rotary_embedding_ref(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """Neox-style RoPE in place on `query` [num_tokens, num_heads, head_size] and
+    `key` [num_tokens, num_kv_heads, head_size].
+
+    `cos_sin_cache` is [max_pos, rot_dim]: cos in the first rot_dim/2 columns,
+    sin in the rest (vLLM's layout). The first rot_dim dims of each head are
+    rotated as two halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); the
+    rest pass through (partial rotary).
+    """
+    rot_dim = cos_sin_cache.shape[-1]
+    half = rot_dim // 2
+    cs = cos_sin_cache[positions.to(torch.int64)].float()
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    for t in (query, key):
+        x = t[..., :rot_dim].float()
+        x1, x2 = x[..., :half], x[..., half:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        t[..., :rot_dim] = rotated.to(t.dtype)

@@ -1,0 +1,152 @@
+"""Unified paged attention (and its split-KV path) against its torch twin and
+against a float64 attention computed from the true K/V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.kernels import reference
+from pagoda.kernels.ops import paged_attention, reshape_and_cache
+
+# (query_len, seq_len) per request: decodes at odd lengths and at a block
+# boundary, a prefill chunk starting mid-block after cached context, a whole
+# prompt, and a one-token sequence.
+MIXED = [(1, 37), (11, 29), (1, 32), (20, 20), (1, 1), (5, 70)]
+
+
+def _run(batch, scale, num_splits=None):
+    md = batch.metadata
+    reshape_and_cache(batch.key, batch.value, batch.kv_cache, md.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))  # unwritten elements fail
+    paged_attention(
+        batch.query,
+        batch.kv_cache,
+        md.block_table,
+        md.seq_lens,
+        md.query_start_loc,
+        scale,
+        max_query_len=md.max_query_len,
+        max_seq_len=md.max_seq_len,
+        out=out,
+        num_splits=num_splits,
+    )
+    return out
+
+
+def _check(batch, out, scale, tol, attention_reference, rel_err):
+    assert not out.isnan().any()
+    twin = reference.paged_attention_ref(
+        batch.query,
+        batch.kv_cache,
+        batch.metadata.block_table,
+        batch.metadata.seq_lens,
+        batch.metadata.query_start_loc,
+        scale,
+    )
+    assert rel_err(out, twin) < tol
+    assert rel_err(out, attention_reference(batch, scale)) < tol
+
+
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch_matches_reference_for_each_gqa_ratio(
+    group, dtype, paged_batch, attention_reference, rel_err, tolerance
+):
+    batch = paged_batch(
+        MIXED,
+        num_kv_heads=2,
+        group=group,
+        head_size=64,
+        block_size=16,
+        dtype=dtype,
+        seed=100 + group,
+    )
+    scale = 64**-0.5
+    out = _run(batch, scale)
+    _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
+
+
+@pytest.mark.parametrize(
+    ("head_size", "block_size", "dtype"),
+    [
+        (128, 32, torch.float32),
+        (128, 16, torch.float16),
+        (64, 32, torch.bfloat16),
+        (96, 16, torch.float32),  # not a power of two: padded lanes are masked
+    ],
+)
+def test_head_and_block_sizes(
+    head_size, block_size, dtype, paged_batch, attention_reference, rel_err, tolerance
+):
+    specs = [(1, 45), (17, 50), (3, 3), (1, 96)]
+    batch = paged_batch(
+        specs,
+        num_kv_heads=1,
+        group=4,
+        head_size=head_size,
+        block_size=block_size,
+        dtype=dtype,
+        seed=head_size + block_size,
+    )
+    scale = head_size**-0.5
+    out = _run(batch, scale)
+    _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
+
+
+def test_smollm2_shape_prefill_then_decode(paged_batch, attention_reference, rel_err, tolerance):
+    # SmolLM2-135M: 9 query heads, 3 KV heads, head size 64.
+    batch = paged_batch(
+        [(13, 13), (1, 40), (7, 23)],
+        num_kv_heads=3,
+        group=3,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float32,
+        seed=7,
+    )
+    out = _run(batch, 0.125)
+    _check(batch, out, 0.125, tolerance[torch.float32], attention_reference, rel_err)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_kv_decode_long_context(
+    num_splits, dtype, paged_batch, attention_reference, rel_err, tolerance
+):
+    # Splits outnumbering one request's tiles leave some splits empty (m = -inf).
+    batch = paged_batch(
+        [(1, 300), (1, 77), (1, 5)],
+        num_kv_heads=2,
+        group=4,
+        head_size=64,
+        block_size=16,
+        dtype=dtype,
+        seed=200 + num_splits,
+    )
+    scale = 0.125
+    out = _run(batch, scale, num_splits=num_splits)
+    _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
+
+
+def test_split_kv_on_mixed_batch(paged_batch, attention_reference, rel_err, tolerance):
+    # The split path stays correct with prefill chunks, whose rows see
+    # different causal limits within one query block.
+    batch = paged_batch(
+        MIXED, num_kv_heads=2, group=3, head_size=64, block_size=16, dtype=torch.float32, seed=300
+    )
+    out = _run(batch, 0.125, num_splits=2)
+    _check(batch, out, 0.125, tolerance[torch.float32], attention_reference, rel_err)
+
+
+def test_split_kv_chosen_automatically_for_long_contexts_at_small_batch():
+    from pagoda.kernels.paged_attention import choose_num_splits
+
+    # Batch 1, 8 KV heads, 32k context on 132 SMs: split.
+    assert choose_num_splits(1, 8, 32768, 132) > 1
+    # Short context: the partials would cost more than they win.
+    assert choose_num_splits(1, 8, 256, 132) == 1
+    # Enough programs already: no split.
+    assert choose_num_splits(256, 8, 32768, 132) == 1
+    for args in [(1, 1, 10**6, 132), (3, 4, 5000, 132)]:
+        n = choose_num_splits(*args)
+        assert 1 <= n <= 64 and n & (n - 1) == 0
