@@ -1,6 +1,8 @@
 """Builders for random paged batches shared by the kernel tests.
 
 Exposed as fixtures because tests/ has no packages (importlib import mode).
+Tensors live on CUDA when there is one (the kernels then run natively), else
+on the CPU under the Triton interpreter (tests/conftest.py sets it).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 from pagoda.runtime.attention.backend import AttentionMetadata, kv_cache_shape
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass
@@ -91,18 +95,18 @@ def make_paged_batch(
         num_reqs=len(specs),
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        query_start_loc=qsl,
-        seq_lens=seq_lens_t,
-        block_table=block_table,
-        slot_mapping=torch.cat(slots),
-        query_start_loc_cpu=qsl.clone(),
-        seq_lens_cpu=seq_lens_t.clone(),
+        query_start_loc=qsl.to(DEVICE),
+        seq_lens=seq_lens_t.to(DEVICE),
+        block_table=block_table.to(DEVICE),
+        slot_mapping=torch.cat(slots).to(DEVICE),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens_t,
     )
     return PagedBatch(
-        query=torch.cat(queries),
-        key=torch.cat(keys),
-        value=torch.cat(values),
-        kv_cache=kv_cache,
+        query=torch.cat(queries).to(DEVICE),
+        key=torch.cat(keys).to(DEVICE),
+        value=torch.cat(values).to(DEVICE),
+        kv_cache=kv_cache.to(DEVICE),
         metadata=metadata,
         full_keys=full_keys,
         full_values=full_values,
@@ -119,7 +123,7 @@ def reference_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
     for q_len, seq_len, k, v in zip(
         batch.query_lens, batch.seq_lens, batch.full_keys, batch.full_values
     ):
-        q = batch.query[start : start + q_len].double()
+        q = batch.query[start : start + q_len].double().cpu()
         start += q_len
         group = q.shape[1] // k.shape[1]
         kd = k.double().repeat_interleave(group, dim=1)
@@ -134,11 +138,16 @@ def reference_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖ / ‖ref‖ in float64 (NaN if out has any NaN)."""
-    out64, ref64 = out.double(), ref.double()
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
     return (torch.linalg.vector_norm(out64 - ref64) / torch.linalg.vector_norm(ref64)).item()
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def device():
+    return DEVICE
 
 
 @pytest.fixture

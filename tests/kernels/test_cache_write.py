@@ -41,24 +41,24 @@ def test_scatter_matches_twin_at_scattered_slots(
     assert torch.equal(flat_k[slots], batch.key)
 
 
-def test_strided_key_value_views_of_a_fused_qkv():
+def test_strided_key_value_views_of_a_fused_qkv(device):
     torch.manual_seed(11)
     num_tokens, heads, kv_heads, d, bs = 9, 4, 2, 64, 16
-    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * d)
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * d).to(device)
     _, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     k, v = k.view(num_tokens, kv_heads, d), v.view(num_tokens, kv_heads, d)
-    cache = torch.full((2, 4, bs, kv_heads, d), float("nan"))
-    slots = torch.randperm(4 * bs)[:num_tokens]
+    cache = torch.full((2, 4, bs, kv_heads, d), float("nan"), device=device)
+    slots = torch.randperm(4 * bs)[:num_tokens].to(device)
     reshape_and_cache(k, v, cache, slots)
     assert torch.equal(cache[0].reshape(-1, kv_heads, d)[slots], k)
     assert torch.equal(cache[1].reshape(-1, kv_heads, d)[slots], v)
 
 
-def test_padding_slots_are_skipped():
+def test_padding_slots_are_skipped(device):
     torch.manual_seed(12)
-    k, v = torch.randn(5, 2, 64), torch.randn(5, 2, 64)
-    cache = torch.full((2, 2, 16, 2, 64), float("nan"))
-    slots = torch.tensor([3, -1, 17, -1, 30])
+    k, v = torch.randn(5, 2, 64, device=device), torch.randn(5, 2, 64, device=device)
+    cache = torch.full((2, 2, 16, 2, 64), float("nan"), device=device)
+    slots = torch.tensor([3, -1, 17, -1, 30], device=device)
     reshape_and_cache(k, v, cache, slots)
     written = cache[0].reshape(-1, 2, 64)
     assert torch.equal(written[slots[slots >= 0]], k[slots >= 0])

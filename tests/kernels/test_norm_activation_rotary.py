@@ -17,10 +17,10 @@ def _poison_check(out: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [576, 1000])  # SmolLM2's width; a non-power of two
-def test_rms_norm_matches_twin(dtype, hidden, rel_err, tolerance):
+def test_rms_norm_matches_twin(dtype, hidden, rel_err, tolerance, device):
     torch.manual_seed(hidden + len(str(dtype)))
-    x = torch.randn(7, hidden).to(dtype)
-    w = (1 + 0.1 * torch.randn(hidden)).to(dtype)
+    x = torch.randn(7, hidden).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(hidden)).to(device, dtype)
     out = rms_norm(x, w, 1e-5)
     _poison_check(out)
     assert out.shape == x.shape and out.dtype == dtype
@@ -28,11 +28,11 @@ def test_rms_norm_matches_twin(dtype, hidden, rel_err, tolerance):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_add_rms_norm_returns_normed_sum_and_sum(dtype, rel_err, tolerance):
+def test_fused_add_rms_norm_returns_normed_sum_and_sum(dtype, rel_err, tolerance, device):
     torch.manual_seed(21)
-    x = torch.randn(2, 5, 576).to(dtype)
-    res = torch.randn(2, 5, 576).to(dtype)
-    w = torch.randn(576).to(dtype)
+    x = torch.randn(2, 5, 576).to(device, dtype)
+    res = torch.randn(2, 5, 576).to(device, dtype)
+    w = torch.randn(576).to(device, dtype)
     out, new_res = rms_norm(x, w, 1e-6, residual=res)
     ref_out, ref_res = reference.rms_norm_ref(x, w, 1e-6, residual=res)
     _poison_check(out)
@@ -46,9 +46,9 @@ def test_fused_add_rms_norm_returns_normed_sum_and_sum(dtype, rel_err, tolerance
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [1536, 300])
-def test_silu_and_mul_matches_twin(dtype, d, rel_err, tolerance):
+def test_silu_and_mul_matches_twin(dtype, d, rel_err, tolerance, device):
     torch.manual_seed(d + 3)
-    x = (2 * torch.randn(6, 2 * d)).to(dtype)
+    x = (2 * torch.randn(6, 2 * d)).to(device, dtype)
     out = silu_and_mul(x)
     _poison_check(out)
     assert out.shape == (6, d)
@@ -63,15 +63,15 @@ def _cos_sin_cache(max_pos: int, rot_dim: int, base: float = 10000.0) -> torch.T
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("head_size", "rot_dim"), [(64, 64), (128, 128), (64, 32)])
-def test_rotary_in_place_matches_twin(dtype, head_size, rot_dim, rel_err, tolerance):
+def test_rotary_in_place_matches_twin(dtype, head_size, rot_dim, rel_err, tolerance, device):
     torch.manual_seed(head_size + rot_dim)
     num_tokens, heads, kv_heads = 9, 6, 2
     # Q and K as views of one fused QKV output, as the model produces them.
-    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_size).to(dtype)
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_size).to(device, dtype)
     q, k, _ = qkv.split([heads * head_size, kv_heads * head_size, kv_heads * head_size], -1)
     q, k = q.view(num_tokens, heads, head_size), k.view(num_tokens, kv_heads, head_size)
-    positions = torch.randint(0, 500, (num_tokens,))
-    cache = _cos_sin_cache(512, rot_dim)
+    positions = torch.randint(0, 500, (num_tokens,)).to(device)
+    cache = _cos_sin_cache(512, rot_dim).to(device)
     q_ref, k_ref = q.clone(), k.clone()
     reference.rotary_embedding_ref(positions, q_ref, k_ref, cache)
     rotary_embedding(positions, q, k, cache)
@@ -82,11 +82,11 @@ def test_rotary_in_place_matches_twin(dtype, head_size, rot_dim, rel_err, tolera
     assert torch.equal(q[..., rot_dim:], q_ref[..., rot_dim:])
 
 
-def test_rotary_twin_matches_transformers_rotate_half():
+def test_rotary_kernel_matches_transformers_rotate_half(device):
     torch.manual_seed(5)
-    q, k = torch.randn(4, 3, 64), torch.randn(4, 1, 64)
-    positions = torch.tensor([0, 1, 7, 100])
-    cache = _cos_sin_cache(128, 64)
+    q, k = torch.randn(4, 3, 64, device=device), torch.randn(4, 1, 64, device=device)
+    positions = torch.tensor([0, 1, 7, 100], device=device)
+    cache = _cos_sin_cache(128, 64).to(device)
     half = cache.shape[-1] // 2
     cos = torch.cat([cache[positions, :half]] * 2, -1)[:, None]
     sin = torch.cat([cache[positions, half:]] * 2, -1)[:, None]

@@ -57,7 +57,7 @@ def test_decode_step_with_pinned_splits(paged_batch, attention_reference, rel_er
 
 
 def test_padded_rows_are_not_written_and_come_back_zero(
-    paged_batch, attention_reference, rel_err, tolerance
+    paged_batch, attention_reference, rel_err, tolerance, device
 ):
     batch = paged_batch(
         [(1, 20), (1, 33)],
@@ -69,12 +69,14 @@ def test_padded_rows_are_not_written_and_come_back_zero(
         seed=6,
     )
     pad = 3
-    query = torch.cat([batch.query, torch.randn(pad, *batch.query.shape[1:])])
-    key = torch.cat([batch.key, torch.randn(pad, *batch.key.shape[1:])])
-    value = torch.cat([batch.value, torch.randn(pad, *batch.value.shape[1:])])
+    query = torch.cat([batch.query, torch.randn(pad, *batch.query.shape[1:], device=device)])
+    key = torch.cat([batch.key, torch.randn(pad, *batch.key.shape[1:], device=device)])
+    value = torch.cat([batch.value, torch.randn(pad, *batch.value.shape[1:], device=device)])
     md = dataclasses.replace(
         batch.metadata,
-        slot_mapping=torch.cat([batch.metadata.slot_mapping, torch.full((pad,), -1)]),
+        slot_mapping=torch.cat(
+            [batch.metadata.slot_mapping, torch.full((pad,), -1, device=device)]
+        ),
     )
     nan_before = batch.kv_cache.isnan().sum() - batch.key.numel() * 2
     out = TritonAttentionBackend().forward(query, key, value, batch.kv_cache, md, 0.125)
@@ -83,7 +85,7 @@ def test_padded_rows_are_not_written_and_come_back_zero(
     assert rel_err(out[:-pad], attention_reference(batch, 0.125)) < tolerance[torch.float32]
 
 
-def test_request_reads_a_shared_block_written_earlier_in_the_same_step(rel_err):
+def test_request_reads_a_shared_block_written_earlier_in_the_same_step(rel_err, device):
     """Two requests share a prompt's first block (prefix cache): A prefills
     it in this step while B, whose context is that block, decodes after it."""
     torch.manual_seed(9)
@@ -98,14 +100,15 @@ def test_request_reads_a_shared_block_written_earlier_in_the_same_step(rel_err):
     slots = torch.tensor([2 * bs + i for i in range(16)] + [0, 1] + [3 * bs])
     qsl = torch.tensor([0, 18, 19], dtype=torch.int32)
     seq_lens = torch.tensor([18, 17], dtype=torch.int32)
+    cache, query, key, value, slots = (t.to(device) for t in (cache, query, key, value, slots))
     md = AttentionMetadata(
         num_actual_tokens=19,
         num_reqs=2,
         max_query_len=18,
         max_seq_len=18,
-        query_start_loc=qsl,
-        seq_lens=seq_lens,
-        block_table=torch.tensor([[2, 0], [2, 3]], dtype=torch.int32),
+        query_start_loc=qsl.to(device),
+        seq_lens=seq_lens.to(device),
+        block_table=torch.tensor([[2, 0], [2, 3]], dtype=torch.int32, device=device),
         slot_mapping=slots,
         query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,
@@ -113,6 +116,6 @@ def test_request_reads_a_shared_block_written_earlier_in_the_same_step(rel_err):
     out = TritonAttentionBackend().forward(query, key, value, cache, md, 0.125)
     k = torch.cat([prompt_k[:16], b_k]).double().repeat_interleave(heads, 1)
     v = torch.cat([prompt_v[:16], b_v]).double().repeat_interleave(heads, 1)
-    s = torch.einsum("hd,khd->hk", query[18].double(), k) * 0.125
+    s = torch.einsum("hd,khd->hk", query[18].double().cpu(), k) * 0.125
     expected = torch.einsum("hk,khd->hd", s.softmax(-1), v)
     assert rel_err(out[18], expected) < 1e-5
