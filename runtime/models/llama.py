@@ -8,6 +8,8 @@ each token belongs to.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from pagoda.runtime.attention.backend import AttentionMetadata
 from pagoda.runtime.layers.activation import SiluAndMul
@@ -130,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
     """Checkpoint tensors by Hugging Face name map onto fused parameters here."""
 
     # HF name fragment -> (our fused parameter's name fragment, shard id)
-    packed_modules = {
+    packed_modules: ClassVar[dict[str, tuple[str, str | int]]] = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
         "v_proj": ("qkv_proj", "v"),
