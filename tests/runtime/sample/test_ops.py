@@ -123,9 +123,9 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log()
     keep = lambda p: torch.isfinite(ops.apply_top_k_top_p(logits, None, torch.tensor([p])))  # noqa: E731
-    assert keep(0.5).tolist() == [[True, False, False, False]]
-    assert keep(0.6).tolist() == [[True, True, False, False]]
-    assert keep(0.8).tolist() == [[True, True, False, False]]
+    assert keep(0.49).tolist() == [[True, False, False, False]]
+    assert keep(0.51).tolist() == [[True, True, False, False]]
+    assert keep(0.79).tolist() == [[True, True, False, False]]
     assert keep(0.81).tolist() == [[True, True, True, False]]
     assert keep(1.0).all()
     # The top token survives even a tiny p.
@@ -143,6 +143,33 @@ def test_top_p_one_keeps_tokens_of_tiny_probability():
     logits = torch.tensor([[0.0] + [-80.0] * 1000])
     out = ops.apply_top_k_top_p(logits, None, torch.tensor([1.0]))
     assert torch.isfinite(out).all()
+
+
+def test_top_k_top_p_candidates_match_the_full_sort_reference():
+    gen = torch.Generator().manual_seed(3)
+    rows, vocab = 64, 500
+    # Rows from peaked to flat, so some nuclei exceed the candidate set.
+    logits = torch.randn(rows, vocab, generator=gen) * torch.linspace(0.1, 8, rows)[:, None]
+    top_k = torch.randint(1, 80, (rows,), generator=gen)
+    top_k[::3] = vocab  # off
+    top_p = torch.rand(rows, generator=gen) * 0.9 + 0.05
+    top_p[1::4] = 1.0  # off
+    for k, p in [(top_k, top_p), (top_k, None), (None, top_p)]:
+        fast = ops.apply_top_k_top_p(logits, k, p, max_candidates=32)
+        ref = ops.top_k_top_p_sorted(
+            logits,
+            k if k is not None else torch.full((rows,), vocab),
+            p if p is not None else torch.ones(rows),
+        )
+        assert torch.equal(fast.isfinite(), ref.isfinite())
+        assert torch.equal(fast[fast.isfinite()], logits[fast.isfinite()])
+
+
+def test_top_k_top_p_leaves_unfiltered_rows_untouched():
+    logits = torch.randn(3, 10)
+    out = ops.apply_top_k_top_p(logits, torch.tensor([10, 2, 10]), torch.tensor([1.0, 1.0, 1.0]))
+    assert torch.equal(out[[0, 2]], logits[[0, 2]])
+    assert out[1].isfinite().sum() == 2
 
 
 def test_min_p_drops_tokens_below_fraction_of_top_probability():
