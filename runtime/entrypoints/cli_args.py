@@ -1,0 +1,81 @@
+"""Command-line flags generated from `EngineArgs`, each with a `PAGODA_*`
+environment-variable twin, so a container can be configured either way and
+the flags never drift from the Python API's keyword arguments."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import typing
+
+from pagoda.runtime.config import ATTENTION_BACKENDS, DTYPES, EngineArgs
+
+_CHOICES = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS}
+_HELP = {
+    "model": "built-in name, .gguf file, or Hugging Face folder (with --random-weights: a preset)",
+    "dtype": "weights and activations dtype; auto = bfloat16 on CUDA and bf16-capable CPUs",
+    "max_model_len": "longest prompt + output (default: the model's)",
+    "max_num_seqs": "most requests in one step",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "kv_cache_memory_gib": "CPU: GiB for the KV cache",
+    "gpu_memory_utilization": "CUDA: fraction of device memory for weights + KV cache",
+    "num_kv_blocks": "fix the number of KV blocks (overrides the memory budget)",
+    "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "random_weights": "random weights (benchmarks at sizes whose weights are absent)",
+    "hf_overrides": "JSON object of model-config fields to override",
+}
+# Short, conventional spellings (vLLM's) beside the field names.
+_ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}
+
+
+def env_name(field: str) -> str:
+    return "PAGODA_" + field.upper()
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
+    hints = typing.get_type_hints(EngineArgs)
+    for f in dataclasses.fields(EngineArgs):
+        kind = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        env = os.environ.get(env_name(f.name))
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{_HELP.get(f.name, '')} [env {env_name(f.name)}]".strip()
+        if f.name == "model" and positional_model:
+            parser.add_argument("model", nargs="?", default=env or default, help=help_text)
+            parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+            continue
+        names = [flag, *_ALIASES.get(f.name, [])]
+        if kind is bool:
+            value = _parse_bool(env) if env is not None else default
+            parser.add_argument(
+                *names, action=argparse.BooleanOptionalAction, default=value, help=help_text
+            )
+            continue
+        if kind is dict:
+            conv = json.loads
+        else:
+            base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
+            conv = base[0]
+        value = conv(env) if env is not None else default
+        parser.add_argument(
+            *names, dest=f.name, type=conv, default=value, choices=_CHOICES.get(f.name),
+            help=help_text,
+        )
+
+
+def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
+    if getattr(ns, "model_flag", None):
+        values["model"] = ns.model_flag
+    return EngineArgs(**values)
