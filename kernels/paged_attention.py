@@ -35,6 +35,7 @@ into the scale. A row whose keys are all masked so far keeps m = -inf; the
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -257,6 +258,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
