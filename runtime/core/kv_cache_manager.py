@@ -136,44 +136,42 @@ class KVCacheManager:
         nothing, when there are not enough free blocks; cached blocks nobody
         owns count as free, since they can be evicted.
         """
-        computed = new_computed_blocks or []
+        # This runs for every scheduled request every step: the common case
+        # (a running request, no hits, no new block) touches no block.
+        computed = new_computed_blocks or ()
         req_id = request.request_id
         req_blocks = self.req_to_blocks.get(req_id)
-        is_new = req_blocks is None
-        if is_new:
-            req_blocks = self.req_to_blocks[req_id] = []
-            self.num_cached_blocks[req_id] = len(computed)
-
+        num_owned = 0 if req_blocks is None else len(req_blocks)
+        bs = self.block_size
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_required = -(-num_tokens // self.block_size)
-        num_new_blocks = num_required - len(req_blocks) - len(computed)
+        num_new_blocks = (num_tokens + bs - 1) // bs - num_owned - len(computed)
         # Free hits sit in the free queue: touching them uses up free blocks.
-        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0)
-        if num_new_blocks + num_free_hits > self.num_free_blocks:
-            if is_new:
-                del self.req_to_blocks[req_id]
-                del self.num_cached_blocks[req_id]
+        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0) if computed else 0
+        if num_new_blocks + num_free_hits > self.block_pool.free_block_queue.num_free_blocks:
             return None
 
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[req_id] = []
+            self.num_cached_blocks[req_id] = len(computed)
+            if self.enable_caching:
+                self.prefix_cache_queries += len(request.all_token_ids)
+                self.prefix_cache_hits += num_new_computed_tokens
         pool = self.block_pool
         if computed:
             pool.touch(computed)
             req_blocks.extend(computed)
+        block_ids = [block.block_id for block in computed]
         if num_new_blocks > 0:
             new_blocks = pool.get_new_blocks(num_new_blocks)
             req_blocks.extend(new_blocks)
-        else:
-            new_blocks = []
+            block_ids += [block.block_id for block in new_blocks]
         if self.enable_caching:
-            if is_new:
-                self.prefix_cache_queries += request.num_tokens
-                self.prefix_cache_hits += num_new_computed_tokens
             # Only blocks whose every token id is known can be keyed.
-            num_full = min(num_tokens, len(request.all_token_ids)) // self.block_size
-            self._cache_full_blocks(request, req_blocks, num_full)
-        if computed:
-            return [block.block_id for block in computed + new_blocks]
-        return [block.block_id for block in new_blocks]
+            num_known = len(request.all_token_ids)
+            num_full = (num_tokens if num_tokens < num_known else num_known) // bs
+            if num_full > self.num_cached_blocks[req_id]:
+                self._cache_full_blocks(request, req_blocks, num_full)
+        return block_ids
 
     def free(self, request: Request) -> None:
         """Give back every block of `request` (a no-op if it has none).
@@ -200,8 +198,6 @@ class KVCacheManager:
     ) -> None:
         req_id = request.request_id
         num_cached = self.num_cached_blocks[req_id]
-        if num_full_blocks <= num_cached:
-            return
         self._update_block_hashes(request)
         self.block_pool.cache_full_blocks(
             req_blocks, request.block_hashes, num_cached, num_full_blocks

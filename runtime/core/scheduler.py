@@ -161,6 +161,9 @@ class Scheduler:
             block_ids = allocate(request, num_new)
             while block_ids is None:
                 victim = running.pop()
+                # The tail is scheduled last, so a victim never holds tokens
+                # already promised to the runner this step.
+                assert victim.request_id not in num_scheduled
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
@@ -233,19 +236,24 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not token_ids:
                 continue  # aborted (or preempted) since it was scheduled
-            new_token_ids = self._append_until_stop(request, token_ids)
-            logprobs = all_logprobs.get(req_id)
+            if len(token_ids) == 1:  # the usual case, inlined: this runs per request per step
+                request.output_token_ids.append(token_ids[0])
+                request.all_token_ids.append(token_ids[0])
+                stopped = self._check_stop(request)
+            else:
+                token_ids, stopped = self._append_until_stop(request, token_ids)
+            logprobs = all_logprobs.get(req_id) if all_logprobs else None
             if logprobs is not None:
-                logprobs = logprobs[: len(new_token_ids)]
+                logprobs = logprobs[: len(token_ids)]
             finish_reason = None
-            if request.status > RequestStatus.PREEMPTED:
+            if stopped:
                 finish_reason = request.get_finish_reason()
                 self._finish(request)
                 num_finished += 1
             outputs.append(
                 EngineCoreOutput(
                     req_id,
-                    new_token_ids,
+                    token_ids,
                     logprobs,
                     finish_reason,
                     request.stop_reason,
@@ -256,20 +264,16 @@ class Scheduler:
             self.running = [r for r in self.running if r.status <= RequestStatus.PREEMPTED]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
 
-    def _append_until_stop(self, request: Request, token_ids: list[int]) -> list[int]:
-        """Append tokens one at a time, stopping at the first stop condition
-        (several tokens per step come with speculative decoding)."""
-        if len(token_ids) == 1:
-            request.output_token_ids.append(token_ids[0])
-            request.all_token_ids.append(token_ids[0])
-            self._check_stop(request)
-            return token_ids
+    def _append_until_stop(self, request: Request, token_ids: list[int]) -> tuple[list[int], bool]:
+        """Append several tokens (speculative decoding) one at a time, up to
+        the first that ends the request; returns those kept and whether it
+        stopped."""
         for n, token_id in enumerate(token_ids, 1):
             request.output_token_ids.append(token_id)
             request.all_token_ids.append(token_id)
             if self._check_stop(request):
-                return token_ids[:n]
-        return token_ids
+                return token_ids[:n], True
+        return token_ids, False
 
     def _check_stop(self, request: Request) -> bool:
         """Set the finished status if the last token ends the request.
