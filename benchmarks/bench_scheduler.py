@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import statistics
 import time
@@ -146,7 +147,14 @@ def main() -> None:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = {"steps": args.steps, "block_size": args.block_size, "prompt_len": "200-400"}
+    config = {
+        "steps": args.steps,
+        "block_size": args.block_size,
+        "prompt_len": "200-400",
+        # Other work on the machine shows up as multi-ms steps in the tail.
+        "loadavg_1m_after": os.getloadavg()[0],
+        "cpu_count": os.cpu_count(),
+    }
     out.write_text(json.dumps({"config": config, "results": results}, indent=2) + "\n")
     print(f"wrote {out}")
 
