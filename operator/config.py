@@ -1,0 +1,89 @@
+"""The operator's own configuration: what the chart sets, read once at start-up.
+
+Everything a cluster admin decides (which runtime image, which GPU resource and
+node label, which named resource profiles exist) lives here rather than in each
+LLMService, so users write only what is specific to their model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pagoda.operator.model import ResourcesSpec
+from pydantic import TypeAdapter, ValidationError
+
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-llm/pagoda-runtime:0.1.0"
+
+
+class ConfigError(ValueError):
+    """The operator's configuration (environment or profiles file) is unusable."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """Cluster-wide settings of one operator deployment."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    cluster_domain: str = "cluster.local"
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_type_label: str = "nvidia.com/gpu.product"
+    # Named compute profiles users refer to with spec.resources.profile.
+    profiles: Mapping[str, ResourcesSpec] = field(default_factory=dict)
+    # How often the timer re-reads children and pods (drift repair, status).
+    resync_seconds: float = 30.0
+    field_manager: str = "pagoda-operator"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        """Read PAGODA_OPERATOR_* variables (the chart sets them)."""
+        env = os.environ if env is None else env
+        profiles_file = env.get("PAGODA_OPERATOR_PROFILES_FILE")
+        resync = resync_seconds_from_env(env)
+        return cls(
+            runtime_image=env.get("PAGODA_OPERATOR_RUNTIME_IMAGE", DEFAULT_RUNTIME_IMAGE),
+            cluster_domain=env.get("PAGODA_OPERATOR_CLUSTER_DOMAIN", "cluster.local"),
+            gpu_resource=env.get("PAGODA_OPERATOR_GPU_RESOURCE", "nvidia.com/gpu"),
+            gpu_type_label=env.get("PAGODA_OPERATOR_GPU_TYPE_LABEL", "nvidia.com/gpu.product"),
+            profiles=load_profiles(Path(profiles_file)) if profiles_file else {},
+            resync_seconds=resync,
+        )
+
+
+def resync_seconds_from_env(env: Mapping[str, str] | None = None) -> float:
+    """The resync interval; read at import time, when kopf's timer is declared."""
+    env = os.environ if env is None else env
+    try:
+        value = float(env.get("PAGODA_OPERATOR_RESYNC_SECONDS", "30"))
+    except ValueError as e:
+        raise ConfigError(f"PAGODA_OPERATOR_RESYNC_SECONDS: {e}") from e
+    if value <= 0:
+        raise ConfigError("PAGODA_OPERATOR_RESYNC_SECONDS must be positive")
+    return value
+
+
+_PROFILES = TypeAdapter(dict[str, ResourcesSpec])
+
+
+def parse_profiles(data: object) -> dict[str, ResourcesSpec]:
+    """Validate a `{name: resources}` mapping; a profile cannot name another profile."""
+    try:
+        profiles = _PROFILES.validate_python(data or {})
+    except ValidationError as e:
+        raise ConfigError(f"resource profiles: {e}") from e
+    for name, profile in profiles.items():
+        if profile.profile:
+            raise ConfigError(f"resource profile {name!r} must not refer to another profile")
+    return profiles
+
+
+def load_profiles(path: Path) -> dict[str, ResourcesSpec]:
+    """Read the profiles file the chart mounts from its ConfigMap."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"resource profiles file {path}: {e}") from e
+    return parse_profiles(data)

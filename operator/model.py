@@ -1,0 +1,510 @@
+"""The typed model of an `LLMService`: the one source of truth for its schema.
+
+Every field of the custom resource is declared here once, with its type, range,
+default and description. `pagoda.operator.crd` turns these models into the
+CRD's structural OpenAPI schema, and the operator validates every object with
+the same models before any logic runs. Cross-field rules are written twice,
+side by side: as CEL (enforced by a real API server at admission) and as a
+pydantic validator (enforced by the operator, for objects that predate a rule
+or API servers that do not run CEL). `tests/operator/test_model.py` evaluates
+both on the same cases so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "pagoda.dev"
+VERSION = "v1alpha1"
+KIND = "LLMService"
+PLURAL = "llmservices"
+SINGULAR = "llmservice"
+SHORT_NAMES = ("llms",)
+API_VERSION = f"{GROUP}/{VERSION}"
+
+BUILTIN_MODELS = ("smollm2-135m-instruct",)
+
+# A model source: hf://org/name (read from the mounted cache), pvc://claim[/path],
+# an absolute path inside the image, or a bare built-in name.
+MODEL_PATTERN = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/].*)?"
+    r"|/.+"
+    r"|[A-Za-z0-9][A-Za-z0-9._-]*)$"
+)
+# Kubernetes resource.Quantity, as the API server parses it.
+# Written with character classes, not backslashes, so the same text is a valid
+# pattern both in Python and inside a CEL string literal.
+QUANTITY_PATTERN = (
+    r"^([+-])?(([0-9]+([.][0-9]*)?)|([.][0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE]([+-])?(([0-9]+([.][0-9]*)?)|([.][0-9]+))))?$"
+)
+PERCENT_PATTERN = r"^[0-9]+%$"
+# Service names become DNS labels (RFC 1035); the children carry the name as a
+# label value too, so both limits apply to the LLMService's own name.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX = 63
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# The operator owns these runtime flags: it sets them from typed fields, so
+# repeating them in extraArgs would silently fight the spec.
+OWNED_FLAGS = (
+    "host",
+    "port",
+    "served-model-name",
+    "api-key",
+    "api-key-file",
+    "tensor-parallel-size",
+    "drain-timeout",
+)
+OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
+
+IntOrPercent = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-pagoda-int-or-string": True}),
+]
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-pagoda-quantity": True}),
+]
+
+
+class RuleError(ValueError):
+    """A cross-field rule failed; `field_path` is relative to the model, as in CEL's fieldPath."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(message)
+        self.field_path = field_path
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry; fieldPath points kubectl at the culprit."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class Model(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields rejected.
+
+    A real API server prunes unknown fields before the operator sees them; an
+    unknown field that reaches the operator anyway is a mistake worth naming.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def _quantity(value: int | str | None) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    if not re.match(QUANTITY_PATTERN, text):
+        raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)")
+    return text
+
+
+def _int_or_percent(value: int | str) -> int | str:
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    if not re.match(PERCENT_PATTERN, value):
+        raise ValueError(f"{value!r} is neither a count nor a percentage like '25%'")
+    return value
+
+
+class ResourcesSpec(Model):
+    """Compute for one runtime pod: explicit values, or a named profile with overrides."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.gpuType) || has(self.profile) || (has(self.gpus) && self.gpus > 0)",
+                    "gpuType needs gpus > 0",
+                    ".gpuType",
+                ),
+            ]
+        }
+    )
+
+    profile: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="A named profile from the operator's configuration (the chart's "
+        "`profiles` value). Explicit fields below override the profile's.",
+    )
+    gpus: int | None = Field(
+        None, ge=0, le=16, description="GPUs per pod (`nvidia.com/gpu`). 0 or unset: CPU only."
+    )
+    gpu_type: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="GPU product, matched against the node label the operator is configured "
+        "with (default `nvidia.com/gpu.product`), e.g. `NVIDIA-H100-80GB-HBM3`.",
+    )
+    cpu: Quantity | None = Field(None, description="CPU request per pod, e.g. `8`.")
+    memory: Quantity | None = Field(
+        None, description="Memory request and limit per pod, e.g. `64Gi`."
+    )
+    shared_memory: Quantity | None = Field(
+        None,
+        description="Size of the memory-backed /dev/shm that tensor parallelism needs "
+        "(mounted when tensorParallelSize > 1). Default 8Gi; counts against `memory`.",
+    )
+
+    @field_validator("cpu", "memory", "shared_memory")
+    @classmethod
+    def _check_quantities(cls, value: int | str | None) -> str | None:
+        return _quantity(value)
+
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> ResourcesSpec:
+        if self.gpu_type and not self.profile and not (self.gpus or 0) > 0:
+            raise RuleError(".gpuType", "gpuType needs gpus > 0")
+        return self
+
+
+class EngineSpec(Model):
+    """Engine arguments; unset fields take the runtime's own defaults."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
+                    " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+                    "maxNumBatchedTokens must be at least maxNumSeqs: every running "
+                    "sequence needs one token of the step's budget",
+                    ".maxNumBatchedTokens",
+                ),
+            ]
+        }
+    )
+
+    max_model_len: int | None = Field(
+        None, ge=16, le=1048576, description="Context length (prompt + output) in tokens."
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, le=4096, description="Most sequences batched in one step."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=1048576, description="Token budget of one scheduler step."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Fraction of GPU memory the engine may use (0, 1]."
+    )
+    kv_cache_memory: float | None = Field(
+        None, gt=0, le=4096, description="KV cache size in GiB on CPU-only pods."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight and activation dtype."
+    )
+    enable_prefix_caching: bool | None = Field(
+        None, description="Reuse KV blocks of shared prompt prefixes (runtime default: on)."
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="More `pagoda serve` flags, appended verbatim. Flags the operator "
+        "sets from typed fields (--host, --port, --served-model-name, --api-key, "
+        "--tensor-parallel-size, --drain-timeout) are rejected.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.all(a, !a.matches('{OWNED_FLAGS_PATTERN}'))",
+                    "extraArgs must not repeat flags the operator sets from typed fields",
+                ),
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _budget_covers_seqs(self) -> EngineSpec:
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if tokens is not None and seqs is not None and tokens < seqs:
+            raise RuleError(
+                ".maxNumBatchedTokens",
+                "maxNumBatchedTokens must be at least maxNumSeqs: every running "
+                "sequence needs one token of the step's budget",
+            )
+        return self
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if re.match(OWNED_FLAGS_PATTERN, arg):
+                raise ValueError(
+                    f"{arg!r}: extraArgs must not repeat flags the operator sets from typed fields"
+                )
+        return args
+
+
+class SecretKeyRef(Model):
+    """A key of a Secret in the LLMService's namespace."""
+
+    name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field(
+        "api-key",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key inside the Secret.",
+    )
+
+
+class ModelCacheSpec(Model):
+    """A PersistentVolumeClaim holding a Hugging Face cache (HF_HOME) for hf:// models."""
+
+    claim_name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+
+
+class ServiceSpec(Model):
+    """The Service in front of the pods (the OpenAI-compatible endpoint)."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(80, ge=1, le=65535, description="The Service's port.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations on the Service (load balancer settings)."
+    )
+
+
+class Toleration(Model):
+    """A pod toleration, as in the core API."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class SchedulingSpec(Model):
+    """Where the pods may run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    affinity: dict[str, Any] | None = Field(
+        None, description="A core/v1 Affinity, passed to the pods as is."
+    )
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    runtime_class_name: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN, description="e.g. `nvidia`."
+    )
+
+
+class EnvVar(Model):
+    """An extra environment variable of the runtime container, as in the core API."""
+
+    name: str = Field(..., min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(
+        None, description="A core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."
+    )
+
+
+class RolloutSpec(Model):
+    """How a changed spec rolls out. The defaults replace pods one by one, never below capacity."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(type(self.maxSurge) == string ? self.maxSurge == '0%' : self.maxSurge == 0)"
+                    " || !(type(self.maxUnavailable) == string"
+                    " ? self.maxUnavailable == '0%' : self.maxUnavailable == 0)",
+                    "maxSurge and maxUnavailable cannot both be zero",
+                ),
+            ]
+        }
+    )
+
+    max_surge: IntOrPercent = Field(1, description="Extra pods during a rollout (count or %).")
+    max_unavailable: IntOrPercent = Field(
+        0, description="Pods that may be missing during a rollout (count or %)."
+    )
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _check(cls, value: int | str) -> int | str:
+        return _int_or_percent(value)
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> RolloutSpec:
+        if self.max_surge in (0, "0%") and self.max_unavailable in (0, "0%"):
+            raise RuleError("", "maxSurge and maxUnavailable cannot both be zero")
+        return self
+
+
+class DrainSpec(Model):
+    """How a terminating pod finishes its work (rolling updates, scale-in, node drains)."""
+
+    timeout_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="After SIGTERM the runtime stops accepting requests and finishes "
+        "in-flight ones for up to this long (`--drain-timeout`).",
+    )
+    pre_stop_seconds: int = Field(
+        5,
+        ge=0,
+        le=120,
+        description="Before SIGTERM the pod keeps serving this long, so that endpoints "
+        "and load balancers stop routing to it first.",
+    )
+
+
+class LLMServiceSpec(Model):
+    """What the user asks for: one OpenAI-compatible endpoint backed by N runtime pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.resources.profile) || (has(self.resources.gpus)"
+                    " && self.resources.gpus > 0"
+                    " ? self.resources.gpus % self.tensorParallelSize == 0"
+                    " : self.tensorParallelSize == 1)",
+                    "tensorParallelSize must divide resources.gpus "
+                    "(and CPU-only pods run with tensorParallelSize 1)",
+                    ".tensorParallelSize",
+                ),
+                cel(
+                    "!self.model.startsWith('hf://') || has(self.modelCache)",
+                    "an hf:// model is read from a mounted cache: set modelCache.claimName",
+                    ".modelCache",
+                ),
+            ]
+        }
+    )
+
+    model: str = Field(
+        ...,
+        min_length=1,
+        max_length=512,
+        pattern=MODEL_PATTERN,
+        description="The model: a built-in name (`smollm2-135m-instruct`), `hf://org/name` "
+        "(read from the cache in modelCache), `pvc://claim/path`, or an absolute path "
+        "inside the image.",
+    )
+    served_model_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="The name clients send as `model`. Default: the LLMService's name.",
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="The runtime image. Default: the operator's configured runtime image.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    image_pull_secrets: list[Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]] = Field(
+        default_factory=list, max_length=16, description="Secret names for the registry."
+    )
+    service_account_name: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN, description="The pods' ServiceAccount."
+    )
+    replicas: int = Field(1, ge=0, le=1024, description="Runtime pods. `kubectl scale` sets it.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one model replica is sharded over (in one pod)."
+    )
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None, description="Clients must send this key as a bearer token (PAGODA_API_KEY)."
+    )
+    model_cache: ModelCacheSpec | None = None
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    drain: DrainSpec = Field(default_factory=DrainSpec)
+    startup_timeout_seconds: int = Field(
+        1800,
+        ge=30,
+        le=21600,
+        description="How long a pod may take to load its model before it is restarted "
+        "(the startup probe's budget). Large models from network storage need minutes.",
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> LLMServiceSpec:
+        if not self.resources.profile:
+            try:
+                check_tensor_parallel(self.resources.gpus or 0, self.tensor_parallel_size)
+            except ValueError as e:
+                raise RuleError(".tensorParallelSize", str(e)) from None
+        if self.model.startswith("hf://") and self.model_cache is None:
+            raise RuleError(
+                ".modelCache",
+                "an hf:// model is read from a mounted cache: set modelCache.claimName",
+            )
+        return self
+
+
+def check_tensor_parallel(gpus: int, tensor_parallel_size: int) -> None:
+    """The rule the CEL twin enforces, also applied after a profile is resolved."""
+    if gpus > 0 and gpus % tensor_parallel_size != 0:
+        raise ValueError(
+            f"tensorParallelSize {tensor_parallel_size} must divide resources.gpus ({gpus})"
+        )
+    if gpus == 0 and tensor_parallel_size != 1:
+        raise ValueError(
+            f"tensorParallelSize {tensor_parallel_size} needs GPUs: CPU-only pods run with 1"
+        )
+
+
+class Condition(Model):
+    """A status condition following the Kubernetes API conventions (metav1.Condition)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class AdapterStatus(Model):
+    """Reserved for LoRA hot-loading: one adapter and the pods it is loaded into."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    loaded_pods: list[str] = Field(default_factory=list)
+
+
+class LLMServiceStatus(Model):
+    """What the operator observed; written only by the operator."""
+
+    observed_generation: int | None = None
+    replicas: int | None = Field(None, description="Pods that exist (scale subresource).")
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    selector: str | None = Field(
+        None, description="Label selector of the pods (scale subresource, for HPAs)."
+    )
+    endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI API.")
+    conditions: list[Condition] = Field(default_factory=list)
+    # Reserved for the LoRA and autoscaling features; documented in docs/operator.md.
+    adapters: list[AdapterStatus] | None = None
+    queue_depth: int | None = Field(None, description="Reserved: requests waiting, all pods.")
+    desired_replicas: int | None = Field(None, description="Reserved: the autoscaler's wish.")

@@ -1,0 +1,46 @@
+"""Pure renderers: a validated LLMService in, the Kubernetes objects it needs out.
+
+No function here talks to the cluster; each is tested by comparing dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.llmservice import LLMService
+from pagoda.operator.render.configmap import render_configmap
+from pagoda.operator.render.deployment import render_deployment
+from pagoda.operator.render.labels import pdb_name
+from pagoda.operator.render.pdb import render_pdb, wants_pdb
+from pagoda.operator.render.service import render_service
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Enough to address one namespaced object through the API."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Children:
+    """What should exist (in apply order) and what should not."""
+
+    present: tuple[dict[str, Any], ...]
+    absent: tuple[ObjectRef, ...]
+
+
+def render_children(llms: LLMService, config: OperatorConfig) -> Children:
+    """Every child of an LLMService. The ConfigMap comes before the pods that read it."""
+    present = [render_configmap(llms), render_service(llms), render_deployment(llms, config)]
+    absent = []
+    if wants_pdb(llms):
+        present.append(render_pdb(llms))
+    else:
+        absent.append(ObjectRef("policy/v1", "PodDisruptionBudget", llms.namespace, pdb_name(llms)))
+    return Children(present=tuple(present), absent=tuple(absent))

@@ -1,0 +1,56 @@
+"""The ConfigMap of engine arguments, consumed by the runtime as PAGODA_* variables.
+
+Every `pagoda serve` flag has a PAGODA_* environment twin, so the pod loads the
+whole engine configuration with one `envFrom`. A hash of this data is stamped on
+the pod template, so changing an engine argument rolls the pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pagoda.operator.llmservice import LLMService
+from pagoda.operator.render.labels import configmap_name, metadata
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def engine_env(llms: LLMService) -> dict[str, str]:
+    """The runtime's engine flags as PAGODA_* variables; unset fields are left out."""
+    spec, engine = llms.spec, llms.spec.engine
+    env = {
+        "PAGODA_SERVED_MODEL_NAME": llms.served_model_name,
+        "PAGODA_TENSOR_PARALLEL_SIZE": str(spec.tensor_parallel_size),
+        "PAGODA_DTYPE": engine.dtype,
+        "PAGODA_DRAIN_TIMEOUT": str(spec.drain.timeout_seconds),
+    }
+    optional = {
+        "PAGODA_MAX_MODEL_LEN": engine.max_model_len,
+        "PAGODA_MAX_NUM_SEQS": engine.max_num_seqs,
+        "PAGODA_MAX_NUM_BATCHED_TOKENS": engine.max_num_batched_tokens,
+        "PAGODA_GPU_MEMORY_UTILIZATION": engine.gpu_memory_utilization,
+        "PAGODA_KV_CACHE_MEMORY": engine.kv_cache_memory,
+    }
+    env |= {key: _number(value) for key, value in optional.items() if value is not None}
+    if engine.enable_prefix_caching is not None:
+        env["PAGODA_ENABLE_PREFIX_CACHING"] = "true" if engine.enable_prefix_caching else "false"
+    return dict(sorted(env.items()))
+
+
+def config_hash(data: dict[str, str]) -> str:
+    """A short, stable digest of the ConfigMap's data (for the pod template annotation)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def render_configmap(llms: LLMService) -> dict[str, Any]:
+    """The ConfigMap `NAME-engine`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(llms, configmap_name(llms)),
+        "data": engine_env(llms),
+    }

@@ -1,0 +1,268 @@
+"""The Deployment of runtime pods: `pagoda serve` with the spec's model and compute.
+
+The pod is shaped for rollouts that drop no request: the readiness probe gates
+traffic on /health, a preStop pause lets endpoints and load balancers forget the
+pod before it is told to stop, then SIGTERM starts the runtime's drain (finish
+in-flight requests up to drain.timeoutSeconds), all inside the grace period.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.llmservice import LLMService
+from pagoda.operator.render.configmap import config_hash, engine_env
+from pagoda.operator.render.labels import (
+    RUNTIME_PORT,
+    configmap_name,
+    deployment_name,
+    labels,
+    metadata,
+    selector_labels,
+)
+
+CONFIG_HASH_ANNOTATION = "pagoda.dev/engine-config-hash"
+MODEL_MOUNT = "/mnt/models"
+HF_CACHE_MOUNT = "/var/cache/pagoda/huggingface"
+RUNTIME_UID = 1000
+# Time between the runtime's drain deadline and SIGKILL: exiting takes a moment.
+EXIT_MARGIN_SECONDS = 10
+PROBE_PERIOD_SECONDS = 10
+
+
+def model_argument(llms: LLMService) -> str:
+    """The positional MODEL of `pagoda serve`, as the pod sees it."""
+    model = llms.spec.model
+    if model.startswith("hf://"):
+        return model.removeprefix("hf://")  # resolved in HF_HOME, offline
+    if model.startswith("pvc://"):
+        _, _, path = model.removeprefix("pvc://").partition("/")
+        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+    return model
+
+
+def _model_volumes(llms: LLMService) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and mounts that bring the model's weights into the pod."""
+    model = llms.spec.model
+    if model.startswith("pvc://"):
+        claim = model.removeprefix("pvc://").partition("/")[0]
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return [volume], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}]
+    if model.startswith("hf://") and llms.spec.model_cache:
+        claim = llms.spec.model_cache.claim_name
+        volume = {
+            "name": "hf-cache",
+            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+        }
+        return [volume], [{"name": "hf-cache", "mountPath": HF_CACHE_MOUNT, "readOnly": True}]
+    return [], []
+
+
+def _env(llms: LLMService) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = []
+    if llms.spec.api_key_secret_ref:
+        ref = llms.spec.api_key_secret_ref
+        env.append(
+            {
+                "name": "PAGODA_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    if llms.spec.model.startswith("hf://"):
+        # Read the mounted cache only: a pod must never download weights on start.
+        env += [
+            {"name": "HF_HOME", "value": HF_CACHE_MOUNT},
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+        ]
+    # User variables come last: for duplicate names Kubernetes keeps the last one.
+    for var in llms.spec.env:
+        env.append(var.model_dump(by_alias=True, exclude_none=True))
+    return env
+
+
+def _resources(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
+    res = llms.resources
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if res.cpu:
+        # No CPU limit: throttling the tokenizer and scheduler stalls the GPU.
+        requests["cpu"] = res.cpu
+    if res.memory:
+        # Memory request == limit: an LLM pod that is OOM-killed under node
+        # pressure loses minutes of model loading, so reserve what it may use.
+        requests["memory"] = limits["memory"] = res.memory
+    if res.gpus:
+        # Extended resources must have request == limit.
+        requests[config.gpu_resource] = limits[config.gpu_resource] = res.gpus
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
+    spec = llms.spec
+    volumes_mounts = _model_volumes(llms)[1]
+    if spec.tensor_parallel_size > 1:
+        volumes_mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": spec.image or config.runtime_image,
+        "command": ["pagoda", "serve"],
+        "args": [
+            model_argument(llms),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(RUNTIME_PORT),
+            *spec.engine.extra_args,
+        ],
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "envFrom": [{"configMapRef": {"name": configmap_name(llms)}}],
+        "resources": _resources(llms, config),
+        # Loading a large model takes minutes; the startup probe holds the other
+        # two off until /health first answers, within startupTimeoutSeconds.
+        "startupProbe": _probe(
+            "/health",
+            PROBE_PERIOD_SECONDS,
+            math.ceil(spec.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
+        ),
+        "readinessProbe": _probe("/health", 5, 3),
+        # Generous: a saturated engine answers slowly, and restarting it costs
+        # a full model load.
+        "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 6),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    env = _env(llms)
+    if env:
+        container["env"] = env
+    if spec.drain.pre_stop_seconds:
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(spec.drain.pre_stop_seconds)]}}
+        }
+    if volumes_mounts:
+        container["volumeMounts"] = volumes_mounts
+    return container
+
+
+def _tolerations(llms: LLMService, config: OperatorConfig) -> list[dict[str, Any]]:
+    tolerations = [
+        t.model_dump(by_alias=True, exclude_none=True) for t in llms.spec.scheduling.tolerations
+    ]
+    if llms.resources.gpus and not any(t.get("key") == config.gpu_resource for t in tolerations):
+        # GPU node pools are commonly tainted with the GPU resource name.
+        tolerations.append(
+            {"key": config.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}
+        )
+    return tolerations
+
+
+def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
+    spec, sched = llms.spec, llms.spec.scheduling
+    volumes = _model_volumes(llms)[0]
+    if spec.tensor_parallel_size > 1:
+        # NCCL moves tensors between ranks through /dev/shm; the container
+        # runtime's default 64Mi makes it fail at the first all-reduce.
+        volumes.append(
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": llms.resources.shared_memory},
+            }
+        )
+    pod: dict[str, Any] = {
+        "containers": [_container(llms, config)],
+        "terminationGracePeriodSeconds": spec.drain.pre_stop_seconds
+        + spec.drain.timeout_seconds
+        + EXIT_MARGIN_SECONDS,
+        # Service links would inject NAME_PORT-style variables; a Service called
+        # "pagoda" would then set PAGODA_PORT, which the runtime reads as --port.
+        "enableServiceLinks": False,
+        # The runtime never talks to the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    node_selector = dict(sched.node_selector)
+    if llms.resources.gpu_type:
+        node_selector[config.gpu_type_label] = llms.resources.gpu_type
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    tolerations = _tolerations(llms, config)
+    if tolerations:
+        pod["tolerations"] = tolerations
+    if sched.affinity:
+        pod["affinity"] = sched.affinity
+    if sched.priority_class_name:
+        pod["priorityClassName"] = sched.priority_class_name
+    if sched.runtime_class_name:
+        pod["runtimeClassName"] = sched.runtime_class_name
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
+    if volumes:
+        pod["volumes"] = volumes
+    return pod
+
+
+def pod_annotations(llms: LLMService) -> dict[str, str]:
+    """Annotations of the pod template: scrape hints, the user's, the config hash."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(RUNTIME_PORT),
+        "prometheus.io/path": "/metrics",
+        **llms.spec.pod_annotations,
+        CONFIG_HASH_ANNOTATION: config_hash(engine_env(llms)),
+    }
+
+
+def render_deployment(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
+    """The Deployment `NAME` of runtime pods."""
+    spec = llms.spec
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(llms, deployment_name(llms)),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(llms)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": spec.rollout.max_surge,
+                    "maxUnavailable": spec.rollout.max_unavailable,
+                },
+            },
+            # A rollout is "stuck" only after the pods had their full startup budget.
+            "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
+            "revisionHistoryLimit": 5,
+            "template": {
+                "metadata": {"labels": labels(llms), "annotations": pod_annotations(llms)},
+                "spec": _pod_spec(llms, config),
+            },
+        },
+    }
