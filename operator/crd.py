@@ -81,7 +81,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if node.get("default", "") is None:
         node.pop("default")
 
-    if node.get("type") == "number" and isinstance(node.get("exclusiveMinimum"), (int, float)):
+    bound = node.get("exclusiveMinimum")
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):
         # OpenAPI v3.0 (what Kubernetes speaks) spells it as a flag on minimum.
         node["minimum"] = node.pop("exclusiveMinimum")
         node["exclusiveMinimum"] = True

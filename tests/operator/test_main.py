@@ -297,3 +297,19 @@ async def test_budget_follows_the_replica_count(operator: Any) -> None:
     await eventually(lambda: not exists(operator, PDBS, "chat"))
     assert obj(operator, DEPLOYMENTS, "chat")["spec"]["replicas"] == 1
     assert await eventually(lambda: events(operator, "Deleted"))
+
+
+async def test_reconciles_are_counted_in_the_operators_metrics(operator: Any) -> None:
+    from pagoda.operator.metrics import REGISTRY
+
+    def count(result: str) -> float:
+        return REGISTRY.get_sample_value(
+            "pagoda_operator_reconciles_total", {"trigger": "resync", "result": result}
+        ) or 0.0
+
+    before = count("ok")
+    await create(operator, llmservice())
+    await eventually(lambda: count("ok") > before)
+    assert REGISTRY.get_sample_value(
+        "pagoda_operator_child_writes_total", {"kind": "Deployment", "action": "create"}
+    )

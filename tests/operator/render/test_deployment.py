@@ -1,0 +1,254 @@
+"""The Deployment renderer: defaults, then each optional field on its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.llmservice import parse
+from pagoda.operator.model import ResourcesSpec
+from pagoda.operator.render.configmap import config_hash, engine_env
+from pagoda.operator.render.deployment import CONFIG_HASH_ANNOTATION, render_deployment
+
+CONFIG = OperatorConfig(
+    runtime_image="registry.test/runtime:1",
+    profiles={"h100": ResourcesSpec(gpus=1, gpu_type="NVIDIA-H100", cpu="8", memory="64Gi")},
+)
+
+
+def render(config: OperatorConfig = CONFIG, **spec: Any) -> dict[str, Any]:
+    body = {
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "u-1", "generation": 3},
+        "spec": {"model": "smollm2-135m-instruct", **spec},
+    }
+    deployment = render_deployment(parse(body, config), config)
+    kubernetes_validate.validate(deployment, "1.30", strict=True)
+    return deployment
+
+
+def pod(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return pod(deployment)["containers"][0]
+
+
+def test_defaults_serve_the_builtin_model_on_cpu() -> None:
+    d = render()
+    c = container(d)
+    assert d["metadata"]["name"] == "chat" and d["metadata"]["namespace"] == "ml"
+    assert d["spec"]["replicas"] == 1
+    assert c["image"] == "registry.test/runtime:1"
+    assert c["command"] == ["pagoda", "serve"]
+    assert c["args"] == ["smollm2-135m-instruct", "--host", "0.0.0.0", "--port", "8000"]
+    assert c["envFrom"] == [{"configMapRef": {"name": "chat-engine"}}]
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["resources"] == {}
+    assert "env" not in c and "volumeMounts" not in c
+    assert "nodeSelector" not in pod(d) and "tolerations" not in pod(d) and "volumes" not in pod(d)
+
+
+def test_owner_reference_makes_the_llmservice_the_controller() -> None:
+    (owner,) = render()["metadata"]["ownerReferences"]
+    assert owner == {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "LLMService",
+        "name": "chat",
+        "uid": "u-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def test_probes_gate_on_health_with_a_startup_budget() -> None:
+    c = container(render(startupTimeoutSeconds=3600))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+
+
+def test_rollout_drops_no_request() -> None:
+    d = render(drain={"timeoutSeconds": 120, "preStopSeconds": 10})
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert container(d)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    # SIGKILL comes only after the pause and the whole drain.
+    assert pod(d)["terminationGracePeriodSeconds"] > 10 + 120
+
+
+def test_rollout_and_drain_overrides() -> None:
+    d = render(rollout={"maxSurge": "25%", "maxUnavailable": 1}, drain={"preStopSeconds": 0})
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 1}
+    assert "lifecycle" not in container(d)
+
+
+def test_pods_run_unprivileged() -> None:
+    d = render()
+    assert pod(d)["securityContext"]["runAsNonRoot"] is True
+    assert pod(d)["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container(d)["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container(d)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod(d)["enableServiceLinks"] is False
+    assert pod(d)["automountServiceAccountToken"] is False
+
+
+def test_gpus_are_requested_and_tolerated() -> None:
+    d = render(
+        resources={"gpus": 2, "gpuType": "NVIDIA-A100-SXM4-80GB", "cpu": 8, "memory": "96Gi"}
+    )
+    res = container(d)["resources"]
+    assert res["requests"] == {"cpu": "8", "memory": "96Gi", "nvidia.com/gpu": 2}
+    assert res["limits"] == {"memory": "96Gi", "nvidia.com/gpu": 2}
+    assert pod(d)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(d)[
+        "tolerations"
+    ]
+
+
+def test_operator_config_names_the_gpu_resource_and_label() -> None:
+    config = OperatorConfig(gpu_resource="amd.com/gpu", gpu_type_label="amd.com/gpu.product")
+    d = render(config, resources={"gpus": 1, "gpuType": "MI300X"})
+    assert container(d)["resources"]["limits"]["amd.com/gpu"] == 1
+    assert pod(d)["nodeSelector"] == {"amd.com/gpu.product": "MI300X"}
+
+
+def test_profile_supplies_resources_and_explicit_fields_win() -> None:
+    d = render(resources={"profile": "h100", "memory": "80Gi"})
+    res = container(d)["resources"]
+    assert res["requests"] == {"cpu": "8", "memory": "80Gi", "nvidia.com/gpu": 1}
+    assert pod(d)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100"}
+
+
+def test_tensor_parallelism_gets_a_memory_backed_shm() -> None:
+    d = render(tensorParallelSize=4, resources={"gpus": 4, "sharedMemory": "32Gi"})
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(d)["volumeMounts"]
+    (volume,) = [v for v in pod(d)["volumes"] if v["name"] == "dshm"]
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+
+
+def test_single_gpu_has_no_shm_volume() -> None:
+    assert "volumes" not in pod(render(resources={"gpus": 1}))
+
+
+def test_pvc_model_is_mounted_read_only() -> None:
+    d = render(model="pvc://models/llama-3-8b")
+    assert container(d)["args"][0] == "/mnt/models/llama-3-8b"
+    assert pod(d)["volumes"] == [
+        {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    ]
+    assert container(d)["volumeMounts"] == [
+        {"name": "model", "mountPath": "/mnt/models", "readOnly": True}
+    ]
+
+
+def test_pvc_root_is_the_model_folder() -> None:
+    assert container(render(model="pvc://models"))["args"][0] == "/mnt/models"
+
+
+def test_hf_model_reads_the_mounted_cache_offline() -> None:
+    d = render(model="hf://meta-llama/Llama-3.1-8B-Instruct", modelCache={"claimName": "hf-cache"})
+    c = container(d)
+    assert c["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == c["volumeMounts"][0]["mountPath"]
+    assert pod(d)["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "hf-cache",
+        "readOnly": True,
+    }
+
+
+def test_image_path_model_is_passed_as_is() -> None:
+    assert container(render(model="/opt/models/qwen"))["args"][0] == "/opt/models/qwen"
+
+
+def test_api_key_comes_from_the_secret() -> None:
+    c = container(render(apiKeySecretRef={"name": "keys", "key": "token"}))
+    assert c["env"][0] == {
+        "name": "PAGODA_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "keys", "key": "token"}},
+    }
+
+
+def test_user_env_comes_last_so_it_wins() -> None:
+    c = container(
+        render(env=[{"name": "LOG_LEVEL", "value": "debug"}], apiKeySecretRef={"name": "k"})
+    )
+    assert c["env"][-1] == {"name": "LOG_LEVEL", "value": "debug"}
+
+
+def test_extra_args_are_appended() -> None:
+    args = container(render(engine={"extraArgs": ["--enforce-eager"]}))["args"]
+    assert args[-1] == "--enforce-eager"
+
+
+def test_scheduling_fields_reach_the_pod() -> None:
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    p = pod(
+        render(
+            scheduling={
+                "nodeSelector": {"pool": "llm"},
+                "tolerations": [
+                    {
+                        "key": "dedicated",
+                        "operator": "Equal",
+                        "value": "llm",
+                        "effect": "NoSchedule",
+                    }
+                ],
+                "affinity": affinity,
+                "priorityClassName": "inference",
+                "runtimeClassName": "nvidia",
+            },
+            serviceAccountName="llm-runtime",
+            imagePullSecrets=["regcred"],
+        )
+    )
+    assert p["nodeSelector"] == {"pool": "llm"}
+    assert p["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    ]
+    assert p["affinity"] == affinity
+    assert p["priorityClassName"] == "inference" and p["runtimeClassName"] == "nvidia"
+    assert p["serviceAccountName"] == "llm-runtime"
+    assert p["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_image_and_pull_policy_override_the_default() -> None:
+    c = container(render(image="my.registry/pagoda:dev", imagePullPolicy="Always"))
+    assert c["image"] == "my.registry/pagoda:dev" and c["imagePullPolicy"] == "Always"
+
+
+def test_pod_annotations_merge_with_scrape_hints_and_config_hash() -> None:
+    d = render(podAnnotations={"team": "search"})
+    annotations = d["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["team"] == "search"
+    assert annotations["prometheus.io/port"] == "8000"
+    assert CONFIG_HASH_ANNOTATION in annotations
+
+
+def test_engine_change_changes_the_config_hash_and_so_rolls_pods() -> None:
+    a = render()["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    b = render(engine={"maxModelLen": 4096})["spec"]["template"]["metadata"]["annotations"]
+    assert b[CONFIG_HASH_ANNOTATION] != a
+
+
+def test_config_hash_is_stable() -> None:
+    env = {"PAGODA_A": "1", "PAGODA_B": "2"}
+    assert config_hash(env) == config_hash(dict(reversed(env.items())))
+
+
+def test_selector_is_minimal_and_matches_the_pod_labels() -> None:
+    d = render()
+    selector = d["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "pagoda-runtime", "pagoda.dev/llmservice": "chat"}
+    assert selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_engine_env_names_the_served_model() -> None:
+    body = {
+        "metadata": {"name": "chat", "namespace": "ml"},
+        "spec": {"model": "smollm2-135m-instruct"},
+    }
+    assert engine_env(parse(body, CONFIG))["PAGODA_SERVED_MODEL_NAME"] == "chat"

@@ -1,0 +1,127 @@
+"""The spec model: defaults, ranges, and the CEL rules agreeing with their Python twins.
+
+Every case runs twice: through the API server's admission as the generated CRD
+describes it (schema + CEL, evaluated with cel-python) and through the
+operator's pydantic model. The two must accept and reject the same specs, and
+name the same field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pagoda.operator.admission import check
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.llmservice import InvalidSpec, parse
+from pagoda.operator.model import LLMServiceSpec
+
+
+def body(spec: dict[str, Any], name: str = "chat") -> dict[str, Any]:
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": spec,
+    }
+
+
+BASE = {"model": "smollm2-135m-instruct"}
+
+# (spec, the field both must name or None when valid)
+CASES: list[tuple[dict[str, Any], str | None]] = [
+    (BASE, None),
+    ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct", "modelCache": {"claimName": "hf"}}, None),
+    ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "spec.modelCache"),
+    ({"model": "pvc://models/llama/8b"}, None),
+    ({"model": "pvc://models"}, None),
+    ({"model": "/opt/models/llama"}, None),
+    ({"model": "s3://bucket/model"}, "spec.model"),
+    ({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}}, None),
+    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4}}, None),
+    ({**BASE, "tensorParallelSize": 3, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
+    ({**BASE, "tensorParallelSize": 2}, "spec.tensorParallelSize"),
+    ({**BASE, "tensorParallelSize": 4, "resources": {"profile": "h100x4"}}, None),
+    ({**BASE, "resources": {"gpuType": "NVIDIA-H100-80GB-HBM3"}}, "spec.resources.gpuType"),
+    ({**BASE, "resources": {"gpus": 1, "gpuType": "NVIDIA-H100-80GB-HBM3"}}, None),
+    ({**BASE, "resources": {"cpu": 8, "memory": "64Gi", "sharedMemory": "16Gi"}}, None),
+    ({**BASE, "resources": {"cpu": "500m"}}, None),
+    ({**BASE, "resources": {"memory": "lots"}}, "spec.resources.memory"),
+    ({**BASE, "engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 8192}}, None),
+    (
+        {**BASE, "engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    ({**BASE, "engine": {"dtype": "int4"}}, "spec.engine.dtype"),
+    ({**BASE, "engine": {"gpuMemoryUtilization": 0.9}}, None),
+    ({**BASE, "engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization"),
+    ({**BASE, "engine": {"gpuMemoryUtilization": 1.5}}, "spec.engine.gpuMemoryUtilization"),
+    ({**BASE, "engine": {"maxModelLen": 8}}, "spec.engine.maxModelLen"),
+    ({**BASE, "engine": {"extraArgs": ["--enforce-eager", "--seed=1"]}}, None),
+    ({**BASE, "engine": {"extraArgs": ["--port=9000"]}}, "spec.engine.extraArgs"),
+    ({**BASE, "engine": {"extraArgs": ["--tensor-parallel-size"]}}, "spec.engine.extraArgs"),
+    ({**BASE, "replicas": -1}, "spec.replicas"),
+    ({**BASE, "replicas": 0}, None),
+    ({**BASE, "service": {"type": "LoadBalancer", "port": 443}}, None),
+    ({**BASE, "service": {"type": "ExternalName"}}, "spec.service.type"),
+    ({**BASE, "service": {"port": 70000}}, "spec.service.port"),
+    ({**BASE, "rollout": {"maxSurge": "25%", "maxUnavailable": 0}}, None),
+    ({**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": 1}}, None),
+    ({**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout"),
+    ({**BASE, "rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge"),
+    ({**BASE, "drain": {"timeoutSeconds": 7200}}, "spec.drain.timeoutSeconds"),
+    ({**BASE, "startupTimeoutSeconds": 5}, "spec.startupTimeoutSeconds"),
+    ({**BASE, "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}, None),
+    ({**BASE, "env": [{"name": "1BAD"}]}, "spec.env[0].name"),
+    ({**BASE, "apiKeySecretRef": {"name": "keys"}}, None),
+    ({**BASE, "apiKeySecretRef": {"name": "Not_A_Name"}}, "spec.apiKeySecretRef.name"),
+    ({**BASE, "scheduling": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}, None),
+]
+
+
+def _agree_field(errors: list[str], field: str) -> bool:
+    # Admission names ".env.0.name" style paths from jsonschema; normalise them.
+    want = field.replace("[", ".").replace("]", "")
+    return any(e.split(":")[0].replace("[", ".").replace("]", "").startswith(want) for e in errors)
+
+
+@pytest.mark.parametrize(("spec", "field"), CASES, ids=[str(i) for i in range(len(CASES))])
+def test_admission_and_model_agree(spec: dict[str, Any], field: str | None) -> None:
+    if spec.get("scheduling", {}).get("tolerations", [{}])[0].get("operator") == "Maybe":
+        field = "spec.scheduling.tolerations[0].operator"
+    errors = check(body(spec))
+    config = OperatorConfig(profiles={"h100x4": LLMServiceSpec.model_validate(
+        {"model": "x", "resources": {"gpus": 4}}).resources})  # fmt: skip
+    try:
+        parse(body(spec), config)
+        problem = None
+    except InvalidSpec as e:
+        problem = e
+    if field is None:
+        assert errors == [] and problem is None, (errors, problem)
+    else:
+        assert errors and _agree_field(errors, field), errors
+        assert problem is not None and problem.field == field, problem
+
+
+def test_defaults_fill_a_minimal_spec() -> None:
+    spec = LLMServiceSpec.model_validate(BASE)
+    assert spec.replicas == 1 and spec.tensor_parallel_size == 1
+    assert spec.engine.dtype == "auto" and spec.engine.extra_args == []
+    assert spec.service.type == "ClusterIP" and spec.service.port == 80
+    assert (spec.rollout.max_surge, spec.rollout.max_unavailable) == (1, 0)
+    assert (spec.drain.timeout_seconds, spec.drain.pre_stop_seconds) == (60, 5)
+    assert spec.startup_timeout_seconds == 1800
+
+
+def test_unknown_fields_are_rejected_by_the_model() -> None:
+    with pytest.raises(InvalidSpec) as e:
+        parse(body({**BASE, "adapters": [{"name": "sql"}]}), OperatorConfig())
+    assert e.value.field == "spec.adapters"
+
+
+def test_name_must_be_a_dns_label() -> None:
+    with pytest.raises(InvalidSpec) as e:
+        parse(body(BASE, name="9lives"), OperatorConfig())
+    assert e.value.field == "metadata.name"
+    assert check(body(BASE, name="9lives"))
