@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from pagoda.operator import crd
 
 
