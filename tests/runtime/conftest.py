@@ -77,3 +77,72 @@ def hf_greedy(hf_smollm2, smollm2_tokenizer):
             )
         refs.append(out[0, ids.shape[1] :].tolist())
     return refs
+
+
+def build_paged_step(requests, block_size: int, device="cpu"):
+    """AttentionMetadata and positions for one flattened step.
+
+    requests: one (num_computed, num_new, block_ids) per request, in batch
+    order: `num_computed` tokens are already in the cache, `num_new` are this
+    step's, and `block_ids` is the request's block table (any order).
+    """
+    import torch
+    from pagoda.runtime.attention.backend import AttentionMetadata
+
+    max_blocks = max(len(ids) for _, _, ids in requests)
+    table = torch.zeros(len(requests), max_blocks, dtype=torch.int32)
+    positions, slots = [], []
+    for i, (computed, new, ids) in enumerate(requests):
+        assert -(-(computed + new) // block_size) <= len(ids), "block table too short"
+        table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+        pos = torch.arange(computed, computed + new)
+        positions.append(pos)
+        slots.append(
+            torch.tensor(ids, dtype=torch.int64)[pos // block_size] * block_size + pos % block_size
+        )
+    query_lens = [new for _, new, _ in requests]
+    seq_lens = torch.tensor([c + n for c, n, _ in requests], dtype=torch.int32)
+    qsl = torch.zeros(len(requests) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(query_lens), 0)
+    metadata = AttentionMetadata(
+        num_actual_tokens=sum(query_lens),
+        num_reqs=len(requests),
+        max_query_len=max(query_lens),
+        max_seq_len=int(seq_lens.max()),
+        query_start_loc=qsl.to(device),
+        seq_lens=seq_lens.to(device),
+        block_table=table.to(device),
+        slot_mapping=torch.cat(slots).to(device),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+    )
+    return metadata, torch.cat(positions).to(device)
+
+
+@pytest.fixture(scope="session")
+def paged_step():
+    """`build_paged_step`: the metadata of a hand-written paged batch."""
+    return build_paged_step
+
+
+def save_tiny_checkpoint(folder, config, *, seed: int = 0, **save_kwargs):
+    """Build transformers' model for `config` with random weights, save it with
+    safetensors into `folder` and return it (float32, eval mode)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    # Norm weights start at ones; perturb them so a skipped norm shows up.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(folder, safe_serialization=True, **save_kwargs)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint():
+    """`save_tiny_checkpoint`: a small random transformers model on disk."""
+    return save_tiny_checkpoint
