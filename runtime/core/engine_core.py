@@ -6,6 +6,7 @@ the front end (the API server process, or the offline `LLM` in-process).
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -82,6 +83,11 @@ class EngineCore:
         self.runner.init_kv_cache(num_blocks)
         self.scheduler = Scheduler(sched_config, cache_config, num_blocks)
         logger.info("Memory: %s", self.memory.summary())
+        # Start-up objects (weights' metadata, the block pool's thousands of
+        # blocks) live forever: move them out of the collector's reach so
+        # full collections in the step loop stay short (as vLLM does).
+        gc.collect()
+        gc.freeze()
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.scheduler.add_request(
