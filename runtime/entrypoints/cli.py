@@ -48,11 +48,44 @@ def _run_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub) -> None:
+    from pagoda.runtime.entrypoints.openai.cli_args import add_server_args
+
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_server_args(p)
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(ns: argparse.Namespace) -> int:
+    import asyncio
+
+    from pagoda.runtime.engine.core_client import EngineStartupError
+    from pagoda.runtime.entrypoints.openai.api_server import serve
+    from pagoda.runtime.entrypoints.openai.cli_args import server_config_from
+
+    try:
+        args, config = server_config_from(ns)
+        return asyncio.run(serve(args, config))
+    except (ValueError, EngineStartupError) as exc:
+        print(f"pagoda: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _bench_parser(sub) -> None:
+    from pagoda.runtime.entrypoints.bench_serve import add_bench_serve_args
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True)
+    add_bench_serve_args(bench_sub.add_parser("serve", help="benchmark a running server"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagoda", description="Serve and run LLMs.")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _serve_parser(sub)
+    _bench_parser(sub)
     return parser
 
 

@@ -1,0 +1,295 @@
+"""The OpenAI-compatible API server process: FastAPI app + uvicorn + AsyncLLM.
+
+Life cycle (what Kubernetes sees):
+- start-up: the EngineCore process loads the model while this process loads
+  the tokenizer; uvicorn listens only once both are ready, so the first 200
+  on /health means the server can serve.
+- SIGTERM: drain. New requests get 503 (and /health 503, so the pod leaves
+  the Service), requests in flight finish, up to --drain-timeout; then the
+  server stops and the process exits 0.
+- the EngineCore dies: in-flight requests fail with an error, /health turns
+  503, and shortly after the process exits 1 so the pod is restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pagoda.runtime.config import EngineArgs
+from pagoda.runtime.engine.async_llm import AsyncLLM
+from pagoda.runtime.engine.core_client import EngineDeadError
+from pagoda.runtime.entrypoints.openai.errors import error_response, install_error_handlers
+from pagoda.runtime.entrypoints.openai.metrics import ServingMetrics
+from pagoda.runtime.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from pagoda.runtime.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagoda.runtime.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from pagoda.runtime.entrypoints.openai.serving_engine import ClientDisconnected, ServingConfig
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+logger = logging.getLogger(__name__)
+
+# After the engine core dies, keep answering (503) this long so in-flight
+# requests receive their error and probes see the failure, then exit.
+_DEAD_LINGER_S = 2.0
+
+
+@dataclass
+class ServerConfig:
+    """The server's own options (the engine's are in EngineArgs)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_waiting_requests: int | None = 1024
+    drain_timeout: float = 30.0
+    num_threads: int | None = None
+    log_level: str = "INFO"
+
+
+class ServerState:
+    """What the middleware and the signal handler share."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.engine_dead = False
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+
+# Paths that keep answering while draining or after the engine died:
+# probes and scrapes must see the truth, not a refusal.
+_ALWAYS_OPEN = ("/health", "/metrics", "/version")
+
+
+class ServerStateMiddleware:
+    """Pure ASGI (streaming responses count until their last byte): API-key
+    check, refusal while draining or dead, and the in-flight count that
+    draining waits on."""
+
+    def __init__(self, app, state: ServerState, api_key: str | None):
+        self.app = app
+        self.state = state
+        self.api_key = api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if path in _ALWAYS_OPEN:
+            return await self.app(scope, receive, send)
+        if self.api_key and path.startswith("/v1"):
+            headers = dict(scope["headers"])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {self.api_key}":
+                response = error_response("invalid or missing API key", 401)
+                return await response(scope, receive, send)
+        state = self.state
+        if state.engine_dead or state.draining:
+            reason = (
+                "the engine is not running" if state.engine_dead else "the server is shutting down"
+            )
+            response = error_response(reason, 503, headers={"Retry-After": "1"})
+            return await response(scope, receive, send)
+        state.in_flight += 1
+        state.idle.clear()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            state.in_flight -= 1
+            if state.in_flight == 0:
+                state.idle.set()
+
+
+def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
+    """The FastAPI app over a running engine."""
+    state = state or ServerState()
+    model_name = config.served_model_name or engine.args.model
+    serving_config = ServingConfig(model_name)
+    engine.max_waiting_requests = config.max_waiting_requests
+    completions = OpenAIServingCompletion(engine, serving_config)
+    chat = OpenAIServingChat(engine, serving_config)
+    registry = CollectorRegistry()
+    metrics = ServingMetrics(model_name, engine.max_model_len, registry)
+    engine.stat_logger = metrics
+
+    app = FastAPI(title="Pagoda OpenAI-compatible server")
+    app.state.server_state = state
+    app.state.engine = engine
+    install_error_handlers(app)
+    app.add_middleware(ServerStateMiddleware, state=state, api_key=config.api_key)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _disconnected(request: Request, exc: ClientDisconnected):
+        # Nobody reads this; 499 is nginx's "client closed request".
+        return Response(status_code=499)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.is_dead or state.engine_dead:
+            return error_response("the engine is not running", 503)
+        if state.draining:
+            return error_response("the server is shutting down", 503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        from importlib.metadata import version as dist_version
+
+        return {"version": dist_version("pagoda")}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = ModelCard(id=model_name, root=engine.args.model, max_model_len=engine.max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, raw: Request):
+        return await completions.create_completion(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
+        return await chat.create_chat_completion(body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        completions.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            return error_response("give exactly one of prompt and messages", 400, "prompt")
+        if body.messages is not None:
+            text = await chat.render_prompt(body.messages, body.add_generation_prompt, None)
+            add_special = False
+        else:
+            text, add_special = body.prompt, body.add_special_tokens
+        if engine.tokenizer is None:
+            return error_response("this model has no tokenizer", 400, "prompt")
+        tokens = await asyncio.to_thread(
+            engine.tokenizer.encode, text, add_special_tokens=add_special
+        )
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        completions.check_model(body.model)
+        vocab = engine.processor.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            return error_response(f"token id {bad} is outside [0, {vocab})", 400, "tokens")
+        return JSONResponse({"prompt": engine.tokenizer.decode(body.tokens)})
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with SIGTERM meaning "drain" rather than "close now".
+
+    uvicorn's own handler closes the listening socket at once and re-raises
+    the signal after shutdown (exit status -15); a rolling update needs 503s
+    while in-flight requests finish, then exit 0.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout: float):
+        super().__init__(config)
+        self.state = state
+        self.drain_timeout = drain_timeout
+        self._drain_task: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.should_exit:
+            if self._drain_task is None:
+                loop = asyncio.get_event_loop()
+                loop.call_soon_threadsafe(self._start_drain)
+            return
+        # SIGINT: stop now; a second one forces it.
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        state = self.state
+        state.draining = True
+        logger.info(
+            "SIGTERM: draining %d request(s) in flight (up to %.0f s)",
+            state.in_flight,
+            self.drain_timeout,
+        )
+        try:
+            await asyncio.wait_for(state.idle.wait(), self.drain_timeout)
+            logger.info("drained; shutting down")
+        except asyncio.TimeoutError:
+            logger.warning(
+                "drain timeout: %d request(s) still in flight are cut off", state.in_flight
+            )
+        self.should_exit = True
+
+
+async def serve(args: EngineArgs, config: ServerConfig) -> int:
+    """Run the server until SIGTERM/SIGINT (0) or the engine core dies (1)."""
+    started = time.monotonic()
+    engine = await AsyncLLM.create(args, num_threads=config.num_threads, log_level=config.log_level)
+    state = ServerState()
+    exit_code = 0
+    try:
+        app = build_app(engine, config, state)
+        uv_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level.lower(),
+            access_log=False,
+            # Connections left after draining are closed after this long.
+            timeout_graceful_shutdown=5,
+        )
+        server = _Server(uv_config, state, config.drain_timeout)
+
+        def on_engine_dead(exc: EngineDeadError) -> None:
+            nonlocal exit_code
+            exit_code = 1
+            state.engine_dead = True
+            logger.error("engine core died (%s); exiting in %.0f s", exc, _DEAD_LINGER_S)
+            asyncio.get_running_loop().call_later(_DEAD_LINGER_S, _stop, server)
+
+        engine.on_dead(on_engine_dead)
+        logger.info(
+            "serving %s on http://%s:%d (ready %.1f s after launch)",
+            config.served_model_name or args.model,
+            config.host,
+            config.port,
+            time.monotonic() - started,
+        )
+        await server.serve()
+        if not server.started:
+            exit_code = exit_code or 1  # e.g. the port was taken
+    finally:
+        await engine.shutdown()
+    return exit_code
+
+
+def _stop(server: uvicorn.Server) -> None:
+    server.should_exit = True

@@ -1,0 +1,68 @@
+"""Flags of `pagoda serve` beyond the engine's, each with a `PAGODA_*` twin."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pagoda.runtime.config import EngineArgs
+from pagoda.runtime.entrypoints.cli_args import add_engine_args, engine_args_from, env_name
+from pagoda.runtime.entrypoints.openai.api_server import ServerConfig
+
+# (flag, type, default, help); the env twin is PAGODA_<FLAG_WITH_UNDERSCORES>.
+_SERVER_FLAGS: list[tuple[str, type, object, str]] = [
+    ("host", str, "0.0.0.0", "address to listen on"),
+    ("port", int, 8000, "port to listen on"),
+    ("served-model-name", str, None, "model name clients use (default: MODEL)"),
+    ("api-key", str, None, "require `Authorization: Bearer KEY` on /v1 routes"),
+    (
+        "max-waiting-requests",
+        int,
+        1024,
+        "beyond this many waiting requests, answer 503 + Retry-After (0: no limit)",
+    ),
+    ("drain-timeout", float, 30.0, "SIGTERM: seconds to let in-flight requests finish"),
+    ("tensor-parallel-size", int, 1, "GPUs per model replica (only 1 for now)"),
+    ("num-threads", int, None, "torch CPU threads of the engine core (default: torch's)"),
+]
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """Engine flags (MODEL positional) plus the server's own."""
+    add_engine_args(parser, positional_model=True)
+    for flag, kind, default, help_text in _SERVER_FLAGS:
+        field = flag.replace("-", "_")
+        env = os.environ.get(env_name(field))
+        value = kind(env) if env is not None else default
+        parser.add_argument(
+            f"--{flag}", type=kind, default=value, help=f"{help_text} [env {env_name(field)}]"
+        )
+
+
+def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig]:
+    """Validated (engine args, server config); bad values raise ValueError naming the flag."""
+    if ns.tensor_parallel_size != 1:
+        raise ValueError(
+            f"--tensor-parallel-size {ns.tensor_parallel_size} is not supported yet: "
+            "this runtime serves one GPU (or the CPU) per replica; use 1"
+        )
+    if not 0 < ns.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {ns.port}")
+    if ns.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be non-negative, got {ns.drain_timeout}")
+    if ns.max_waiting_requests < 0:
+        raise ValueError(
+            f"--max-waiting-requests must be non-negative, got {ns.max_waiting_requests}"
+        )
+    args = engine_args_from(ns)
+    config = ServerConfig(
+        host=ns.host,
+        port=ns.port,
+        served_model_name=ns.served_model_name or args.model,
+        api_key=ns.api_key or None,
+        max_waiting_requests=ns.max_waiting_requests or None,
+        drain_timeout=ns.drain_timeout,
+        num_threads=ns.num_threads,
+        log_level=ns.log_level,
+    )
+    return args, config

@@ -1,0 +1,161 @@
+"""What the completions and chat routes share: model checks, load shedding,
+prompt validation before a response starts, client-disconnect handling,
+merging several request streams, and Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pagoda.runtime.engine.async_llm import AsyncLLM, RequestHandle
+from pagoda.runtime.engine.output_processor import OutputKind
+from pagoda.runtime.entrypoints.openai.errors import APIError, error_body
+from pagoda.runtime.outputs import Logprob, RequestOutput
+from pagoda.runtime.sampling_params import SamplingParams
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServingConfig:
+    served_model_name: str
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before the response was ready."""
+
+
+class OpenAIServing:
+    """Base of the route handlers."""
+
+    def __init__(self, engine: AsyncLLM, config: ServingConfig):
+        self.engine = engine
+        self.config = config
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(f"The model `{model}` does not exist.", 404, param="model")
+
+    async def add_requests(
+        self, request_id: str, prompts: list, params: SamplingParams, kind: OutputKind
+    ) -> list[RequestHandle]:
+        """Submit one engine request per prompt, all or none. Every refusal
+        (bad field, overload, dead engine) raises here, before a response
+        starts."""
+        handles = []
+        try:
+            for i, prompt in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                handles.append(await self.engine.add_request(rid, prompt, params, kind))
+        except BaseException:
+            for handle in handles:
+                await self.engine.abort(handle.request_id)
+            raise
+        return handles
+
+    @contextlib.asynccontextmanager
+    async def output_streams(
+        self, handles: list[RequestHandle]
+    ) -> AsyncIterator[AsyncIterator[tuple[int, RequestOutput]]]:
+        """The requests' outputs interleaved as (request index, output).
+
+        On leaving (finished, failed, or cancelled by a disconnect) every
+        request not finished is aborted, even one whose stream never started
+        (closing an unstarted generator runs none of its code).
+        """
+        merged = merge_async_iterators(*(self.engine.outputs(h) for h in handles))
+        try:
+            yield merged
+        finally:
+            await merged.aclose()
+            for handle in handles:
+                if not handle.finished:
+                    await self.engine.abort(handle.request_id)
+
+
+async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work` unless the client disconnects first; then cancel it (which
+    aborts its requests in the engine) and raise ClientDisconnected."""
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientDisconnected()
+
+
+async def merge_async_iterators(
+    *iterators: AsyncIterator[T],
+) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators as items arrive: (source index, item).
+
+    Leaving early closes every source, so each request still running is aborted.
+    """
+    if len(iterators) == 1:
+        async for item in iterators[0]:
+            yield 0, item
+        return
+    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iterators)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                i = pending.pop(fut)
+                try:
+                    item = fut.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, item
+                pending[asyncio.ensure_future(anext(iterators[i]))] = i
+    finally:
+        for fut in pending:
+            fut.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for it in iterators:
+            await it.aclose()
+
+
+def sse(data: Any) -> str:
+    """One Server-Sent Event, as OpenAI frames them."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(message: str, status: int) -> str:
+    return sse(error_body(message, status))
+
+
+def ranked_logprobs(position: dict[int, Logprob], top: int) -> list[tuple[int, Logprob]]:
+    """The `top` most likely tokens of one position, best first."""
+    entries = sorted(position.items(), key=lambda kv: kv[1].rank or 0)
+    return entries[:top]
+
+
+def sampled_logprob(position: dict[int, Logprob], token_id: int) -> Logprob:
+    return position[token_id]
