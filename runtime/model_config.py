@@ -92,12 +92,16 @@ def resolve_model_config(args: EngineArgs) -> ModelConfig:
         )
 
     device = resolve_device(args.device)
-    max_len = arch.max_position_embeddings
+    max_len, limit = arch.max_position_embeddings, "max_position_embeddings"
+    # Attention here is never windowed, so a sliding-window model is served
+    # only up to its window, where both agree (vLLM's disable_sliding_window).
+    window = arch.sliding_window
+    if window is not None and window < max_len:
+        max_len, limit = window, "sliding_window"
     if args.max_model_len is not None:
         if args.max_model_len > max_len:
             raise InvalidRequestError(
-                f"max_model_len {args.max_model_len} exceeds the model's "
-                f"max_position_embeddings ({max_len})",
+                f"max_model_len {args.max_model_len} exceeds the model's {limit} ({max_len})",
                 param="max_model_len",
             )
         max_len = args.max_model_len

@@ -26,6 +26,13 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        # A vocabulary of another size would otherwise load truncated or
+        # zero-padded without a word.
+        if tuple(loaded.shape) != (self.num_embeddings, param.shape[1]):
+            raise ValueError(
+                f"weight shape mismatch: expected {(self.num_embeddings, param.shape[1])}, "
+                f"got {tuple(loaded.shape)}"
+            )
         rows = loaded[self.vocab_start : self.vocab_start + self.per_rank]
         param.data.zero_()
         param.data[: rows.shape[0]].copy_(rows)

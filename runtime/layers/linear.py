@@ -52,6 +52,18 @@ def _copy(param: torch.Tensor, loaded: torch.Tensor) -> None:
     param.copy_(loaded)
 
 
+def _shard(loaded: torch.Tensor, dim: int, full: int, rank: int, size: int) -> torch.Tensor:
+    """This rank's `size` slice of the checkpoint's whole tensor along `dim`.
+
+    The whole tensor must have `full` entries there: narrow() alone would
+    truncate a larger tensor silently, or fail obscurely on a smaller one."""
+    if loaded.shape[dim] != full:
+        raise ValueError(
+            f"weight shape mismatch: expected {full} along dim {dim}, got {tuple(loaded.shape)}"
+        )
+    return loaded.narrow(dim, rank * size, size)
+
+
 class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 
@@ -68,7 +80,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         size = param.shape[0]
-        _copy(param.data, loaded.narrow(0, self.tp_rank * size, size))
+        _copy(param.data, _shard(loaded, 0, size * self.tp_size, self.tp_rank, size))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -84,7 +96,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         part = param.data.narrow(0, offset, size)
-        _copy(part, loaded.narrow(0, self.tp_rank * size, size))
+        _copy(part, _shard(loaded, 0, self.output_sizes[shard_id], self.tp_rank, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -105,21 +117,27 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = num_heads // tp_size
         self.num_kv_heads = max(1, num_kv_heads // tp_size)
         self.kv_replicas = max(1, tp_size // num_kv_heads)
+        self.total_num_heads = num_heads
+        self.total_num_kv_heads = num_kv_heads
         total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
         super().__init__(hidden_size, total, bias, tp_rank, tp_size)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
+        kv_full = self.total_num_kv_heads * self.head_size
         if shard_id == "q":
             offset, size, rank = 0, q_size, self.tp_rank
+            full = self.total_num_heads * self.head_size
         elif shard_id == "k":
             offset, size, rank = q_size, kv_size, self.tp_rank // self.kv_replicas
+            full = kv_full
         elif shard_id == "v":
             offset, size, rank = q_size + kv_size, kv_size, self.tp_rank // self.kv_replicas
+            full = kv_full
         else:
             raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
-        _copy(param.data.narrow(0, offset, size), loaded.narrow(0, rank * size, size))
+        _copy(param.data.narrow(0, offset, size), _shard(loaded, 0, full, rank, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -135,7 +153,7 @@ class RowParallelLinear(LinearBase):
             _copy(param.data, loaded)
             return
         size = param.shape[1]
-        _copy(param.data, loaded.narrow(1, self.tp_rank * size, size))
+        _copy(param.data, _shard(loaded, 1, size * self.tp_size, self.tp_rank, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -45,6 +45,25 @@ class ModelArchConfig:
                 param="num_key_value_heads",
             )
 
+    @property
+    def sliding_window(self) -> int | None:
+        """The attention window of the layers that have one (Mistral v0.1,
+        Qwen2 with use_sliding_window), or None when every layer attends to
+        its whole context. Pagoda always attends to the whole context, which
+        equals windowed attention only while the context fits the window."""
+        window = self.extra.get("sliding_window")
+        if not window:
+            return None
+        layer_types = self.extra.get("layer_types")
+        if layer_types is not None:  # transformers >= 4.53 spells it out
+            return window if "sliding_attention" in layer_types else None
+        if self.architecture == "Qwen2ForCausalLM":
+            # Qwen2 slides only from layer max_window_layers on, and only if asked.
+            first = self.extra.get("max_window_layers", 0)
+            if not self.extra.get("use_sliding_window") or first >= self.num_hidden_layers:
+                return None
+        return window
+
     @classmethod
     def from_hf_dict(cls, cfg: dict, overrides: dict | None = None) -> ModelArchConfig:
         """Build from a Hugging Face config.json dict; rejects unsupported

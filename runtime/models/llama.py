@@ -167,6 +167,10 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        # Fused parameter -> shard ids seen. A fused parameter counts as loaded
+        # only once every part is in: with one part missing (say k_proj) the
+        # rest would load and its slice stay uninitialized memory.
+        shards_seen: dict[str, set] = {}
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
@@ -183,7 +187,23 @@ class LlamaForCausalLM(nn.Module):
             loader = getattr(param, "weight_loader", _default_loader)
             with torch.no_grad():
                 loader(param, tensor.to(param.dtype), shard_id)
-            loaded.add(name)
+            if shard_id is None:
+                loaded.add(name)
+            else:
+                shards_seen.setdefault(name, set()).add(shard_id)
+        missing = []
+        for name, seen in shards_seen.items():
+            absent = [
+                name.replace(f".{ours}.", f".{hf_part}.")
+                for hf_part, (ours, sid) in self.packed_modules.items()
+                if f".{ours}." in name and sid not in seen
+            ]
+            if absent:
+                missing += absent
+            else:
+                loaded.add(name)
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing))}")
         return loaded
 
 
