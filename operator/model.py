@@ -207,7 +207,10 @@ class EngineSpec(Model):
         None, gt=0, le=1, description="Fraction of GPU memory the engine may use (0, 1]."
     )
     kv_cache_memory: float | None = Field(
-        None, gt=0, le=4096, description="KV cache size in GiB on CPU-only pods."
+        None,
+        gt=0,
+        le=4096,
+        description="KV cache size in GiB on CPU-only pods (`--kv-cache-memory`).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype."

@@ -1,7 +1,7 @@
 """The ConfigMap of engine arguments, consumed by the runtime as PAGODA_* variables.
 
-Every `pagoda serve` flag has a PAGODA_* environment twin, so the pod loads the
-whole engine configuration with one `envFrom`. A hash of this data is stamped on
+Every engine flag of `pagoda serve` has a PAGODA_* environment twin, so the pod
+loads the whole engine configuration with one `envFrom`. A hash of this data is stamped on
 the pod template, so changing an engine argument rolls the pods.
 """
 
@@ -20,20 +20,20 @@ def _number(value: float) -> str:
 
 
 def engine_env(llms: LLMService) -> dict[str, str]:
-    """The runtime's engine flags as PAGODA_* variables; unset fields are left out."""
-    spec, engine = llms.spec, llms.spec.engine
-    env = {
-        "PAGODA_SERVED_MODEL_NAME": llms.served_model_name,
-        "PAGODA_TENSOR_PARALLEL_SIZE": str(spec.tensor_parallel_size),
-        "PAGODA_DTYPE": engine.dtype,
-        "PAGODA_DRAIN_TIMEOUT": str(spec.drain.timeout_seconds),
-    }
+    """The engine's arguments as PAGODA_* variables; unset fields are left out.
+
+    Only `EngineArgs` fields live here (their env twins are generated from the
+    field names). Serving flags (name, tensor parallelism, drain) are container
+    arguments, where the pod spec shows them.
+    """
+    engine = llms.spec.engine
+    env = {"PAGODA_DTYPE": engine.dtype}
     optional = {
         "PAGODA_MAX_MODEL_LEN": engine.max_model_len,
         "PAGODA_MAX_NUM_SEQS": engine.max_num_seqs,
         "PAGODA_MAX_NUM_BATCHED_TOKENS": engine.max_num_batched_tokens,
         "PAGODA_GPU_MEMORY_UTILIZATION": engine.gpu_memory_utilization,
-        "PAGODA_KV_CACHE_MEMORY": engine.kv_cache_memory,
+        "PAGODA_KV_CACHE_MEMORY_GIB": engine.kv_cache_memory,
     }
     env |= {key: _number(value) for key, value in optional.items() if value is not None}
     if engine.enable_prefix_caching is not None:

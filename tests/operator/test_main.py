@@ -116,7 +116,8 @@ async def test_create_renders_children_with_owner_references(operator: Any) -> N
     assert container["args"][0] == "smollm2-135m-instruct"
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    assert configmap["data"]["PAGODA_SERVED_MODEL_NAME"] == "chat"
+    assert configmap["data"] == {"PAGODA_DTYPE": "auto"}
+    assert container["args"][container["args"].index("--served-model-name") + 1] == "chat"
     assert exists(operator, SERVICES, "chat")
     assert not exists(operator, PDBS, "chat")  # one replica: no budget
     assert await eventually(lambda: events(operator, "Created"))
@@ -303,9 +304,12 @@ async def test_reconciles_are_counted_in_the_operators_metrics(operator: Any) ->
     from pagoda.operator.metrics import REGISTRY
 
     def count(result: str) -> float:
-        return REGISTRY.get_sample_value(
-            "pagoda_operator_reconciles_total", {"trigger": "resync", "result": result}
-        ) or 0.0
+        return (
+            REGISTRY.get_sample_value(
+                "pagoda_operator_reconciles_total", {"trigger": "resync", "result": result}
+            )
+            or 0.0
+        )
 
     before = count("ok")
     await create(operator, llmservice())

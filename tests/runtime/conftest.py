@@ -146,3 +146,15 @@ def save_tiny_checkpoint(folder, config, *, seed: int = 0, **save_kwargs):
 def tiny_checkpoint():
     """`save_tiny_checkpoint`: a small random transformers model on disk."""
     return save_tiny_checkpoint
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test on one torch thread: the test machines are shared, and
+    oversubscribed cores make small matmuls slower, not faster."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -42,7 +42,19 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
     assert d["spec"]["replicas"] == 1
     assert c["image"] == "registry.test/runtime:1"
     assert c["command"] == ["pagoda", "serve"]
-    assert c["args"] == ["smollm2-135m-instruct", "--host", "0.0.0.0", "--port", "8000"]
+    assert c["args"] == [
+        "smollm2-135m-instruct",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "chat",
+        "--tensor-parallel-size",
+        "1",
+        "--drain-timeout",
+        "60",
+    ]
     assert c["envFrom"] == [{"configMapRef": {"name": "chat-engine"}}]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["resources"] == {}
@@ -68,6 +80,21 @@ def test_probes_gate_on_health_with_a_startup_budget() -> None:
         assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+
+
+def test_serving_flags_follow_the_spec() -> None:
+    args = container(
+        render(
+            servedModelName="llama3",
+            tensorParallelSize=2,
+            resources={"gpus": 2},
+            drain={"timeoutSeconds": 5},
+        )
+    )["args"]
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert flags["--served-model-name"] == "llama3"
+    assert flags["--tensor-parallel-size"] == "2"
+    assert flags["--drain-timeout"] == "5"
 
 
 def test_rollout_drops_no_request() -> None:
@@ -246,9 +273,11 @@ def test_selector_is_minimal_and_matches_the_pod_labels() -> None:
     assert selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_engine_env_names_the_served_model() -> None:
+def test_engine_env_is_what_the_config_hash_covers() -> None:
     body = {
         "metadata": {"name": "chat", "namespace": "ml"},
         "spec": {"model": "smollm2-135m-instruct"},
     }
-    assert engine_env(parse(body, CONFIG))["PAGODA_SERVED_MODEL_NAME"] == "chat"
+    env = engine_env(parse(body, CONFIG))
+    annotations = render()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[CONFIG_HASH_ANNOTATION] == config_hash(env)

@@ -5,12 +5,8 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # The test machine is shared; one thread per process avoids oversubscription.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every model test runs on one thread (see `one_thread`)."""
 
 
 def load_pagoda_model(**engine_args):

@@ -46,14 +46,6 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     assert ours.shape == ref.shape
     scale = ref.abs().max().item()
