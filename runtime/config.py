@@ -50,7 +50,11 @@ class EngineArgs:
     kv_cache_memory_gib: float = 2.0
     num_kv_blocks: int | None = None
     attention_backend: str = "auto"
+    # CUDA: replay captured graphs for decode-only steps of these batch sizes
+    # (default 1, 2, 4, 8, then multiples of 16 up to max_num_seqs);
+    # enforce_eager turns graphs off.
     enforce_eager: bool = False
+    cuda_graph_sizes: list[int] | None = None
     random_weights: bool = False
     # Extra fields of a model config, e.g. {"num_hidden_layers": 2} to shrink a
     # model for a quick check; applied on top of config.json or GGUF metadata.

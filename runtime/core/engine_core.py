@@ -57,7 +57,13 @@ class EngineCore:
         cache_config = args.cache_config()
         sched_config = args.scheduler_config(self.model_config.max_model_len)
         self.runner = ModelRunner(
-            self.model_config, cache_config, sched_config, args.attention_backend, args.seed
+            self.model_config,
+            cache_config,
+            sched_config,
+            args.attention_backend,
+            args.seed,
+            enforce_eager=args.enforce_eager,
+            cuda_graph_sizes=args.cuda_graph_sizes,
         )
         self.runner.load_model()
         num_blocks = self.runner.determine_num_blocks()

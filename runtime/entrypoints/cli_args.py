@@ -25,6 +25,8 @@ _HELP = {
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "random_weights": "random weights (benchmarks at sizes whose weights are absent)",
     "hf_overrides": "JSON object of model-config fields to override",
+    "enforce_eager": "CUDA: never replay CUDA graphs",
+    "cuda_graph_sizes": "CUDA: decode batch sizes to capture, comma-separated",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
 _ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}
@@ -41,6 +43,15 @@ def _parse_bool(text: str) -> bool:
     if low in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def _parse_int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from exc
 
 
 def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = False) -> None:
@@ -62,14 +73,20 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Fa
                 *names, action=argparse.BooleanOptionalAction, default=value, help=help_text
             )
             continue
+        base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
         if kind is dict:
             conv = json.loads
+        elif typing.get_origin(base[0]) is list:
+            conv = _parse_int_list
         else:
-            base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
             conv = base[0]
         value = conv(env) if env is not None else default
         parser.add_argument(
-            *names, dest=f.name, type=conv, default=value, choices=_CHOICES.get(f.name),
+            *names,
+            dest=f.name,
+            type=conv,
+            default=value,
+            choices=_CHOICES.get(f.name),
             help=help_text,
         )
 

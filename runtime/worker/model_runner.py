@@ -14,6 +14,7 @@ from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
 from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
+from pagoda.runtime.worker.cuda_graph import CudaGraphRunner, default_capture_sizes
 from pagoda.runtime.worker.input_batch import CachedRequestState, InputBatch
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ class ModelRunner:
         scheduler_config: SchedulerConfig,
         attention_backend: str = "auto",
         seed: int = 0,
+        enforce_eager: bool = False,
+        cuda_graph_sizes: list[int] | None = None,
     ):
         self.model_config = model_config
         self.cache_config = cache_config
@@ -46,6 +49,15 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.weight_bytes = 0
+        # Graphs need kernels that never sync with the host: the Triton
+        # backend's; the torch backend decides its work from host tensors.
+        self.use_cuda_graphs = (
+            self.device.type == "cuda" and self.backend.name == "triton" and not enforce_eager
+        )
+        self.cuda_graph_sizes = cuda_graph_sizes or default_capture_sizes(
+            scheduler_config.max_num_seqs
+        )
+        self.graph_runner: CudaGraphRunner | None = None
 
     # ---- set-up -------------------------------------------------------
     def load_model(self) -> None:
@@ -131,6 +143,18 @@ class ModelRunner:
             cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
+        if self.use_cuda_graphs:
+            a = self.model_config.arch
+            self.graph_runner = CudaGraphRunner(
+                self.model,
+                self.backend,
+                [s for s in self.cuda_graph_sizes if s <= self.scheduler_config.max_num_seqs],
+                self.batch.block_table.shape[1],
+                self.model_config.max_model_len,
+                a.num_key_value_heads,
+                self.device,
+            )
+            self.graph_runner.capture()
 
     # ---- one step -----------------------------------------------------
     def _update_batch(self, so: SchedulerOutput) -> None:
@@ -231,7 +255,10 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
         ids, pos, meta, logits_idx, sample_rows, sample_req_ids = self._prepare_inputs(so)
-        hidden = self.model(ids, pos, meta)
+        if self.graph_runner is not None and self.graph_runner.can_run(meta):
+            hidden = self.graph_runner.run(ids, pos, meta)
+        else:
+            hidden = self.model(ids, pos, meta)
         if not sample_req_ids:
             return ModelRunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(hidden[logits_idx]).float()
