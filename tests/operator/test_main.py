@@ -317,3 +317,18 @@ async def test_reconciles_are_counted_in_the_operators_metrics(operator: Any) ->
     assert REGISTRY.get_sample_value(
         "pagoda_operator_child_writes_total", {"kind": "Deployment", "action": "create"}
     )
+
+
+async def test_the_handlers_also_run_under_kopfs_own_cli(cluster: Any) -> None:
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--all-namespaces", "--standalone", "-m", "pagoda.operator.main"]
+    runner = KopfRunner(args, timeout=20)
+    await asyncio.to_thread(runner.__enter__)
+    try:
+        await create(cluster, llmservice("via-kopf"))
+        deployment = await eventually(lambda: obj(cluster, DEPLOYMENTS, "via-kopf"))
+        assert deployment["metadata"]["ownerReferences"][0]["name"] == "via-kopf"
+    finally:
+        await asyncio.to_thread(runner.__exit__, None, None, None)
+    assert runner.exit_code == 0, runner.output
