@@ -27,7 +27,13 @@ from torch import nn
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(
+        self,
+        cfg: ModelArchConfig,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        rotary_emb: RotaryEmbedding | None = None,
+    ):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.num_heads = cfg.num_attention_heads // tp_size
@@ -46,9 +52,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             cfg.num_attention_heads * self.head_dim, cfg.hidden_size, False, tp_rank, tp_size
         )
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        self.rotary_emb = rotary_emb if rotary_emb is not None else _rotary(cfg)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
 
     def forward(
@@ -64,6 +68,12 @@ class LlamaAttention(nn.Module):
         )
         out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, metadata)
         return self.o_proj(out)
+
+
+def _rotary(cfg: ModelArchConfig) -> RotaryEmbedding:
+    return RotaryEmbedding(
+        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+    )
 
 
 class LlamaMLP(nn.Module):
@@ -82,9 +92,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(
+        self,
+        cfg: ModelArchConfig,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        rotary_emb: RotaryEmbedding | None = None,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, tp_rank, tp_size)
+        self.self_attn = LlamaAttention(cfg, tp_rank, tp_size, rotary_emb)
         self.mlp = LlamaMLP(cfg, tp_rank, tp_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -112,8 +128,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(
             cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size
         )
+        # One cos/sin cache for all layers: it is [max_position, head_dim]
+        # floats, 64 MiB per copy for Llama 3.1's 131072 positions.
+        rotary = _rotary(cfg)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(cfg, tp_rank, tp_size) for _ in range(cfg.num_hidden_layers)]
+            [LlamaDecoderLayer(cfg, tp_rank, tp_size, rotary) for _ in range(cfg.num_hidden_layers)]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -176,6 +195,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
+            if _layer_index(name) >= self.config.num_hidden_layers:
+                continue  # hf_overrides shrank the model to its first layers
             shard_id = None
             for hf_part, (ours, sid) in self.packed_modules.items():
                 if f".{hf_part}." in name:
@@ -205,6 +226,14 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing))}")
         return loaded
+
+
+def _layer_index(name: str) -> int:
+    """The decoder layer a checkpoint tensor belongs to; -1 for the others."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers":
+        return int(parts[2])
+    return -1
 
 
 def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:

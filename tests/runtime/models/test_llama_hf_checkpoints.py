@@ -119,3 +119,27 @@ def test_sharded_checkpoint_with_index_loads_every_shard(
     assert len(files) >= 3, files
     assert {p.name for p in tmp_path.glob("*.safetensors")} == files
     check_against_transformers(tmp_path, hf_model, pagoda_model, kv_cache_binder, model_step)
+
+
+def test_hf_overrides_shrink_a_checkpoint_to_its_first_layers(
+    tmp_path, tiny_checkpoint, pagoda_model, kv_cache_binder, model_step
+):
+    hf_model = tiny_checkpoint(tmp_path, CONFIGS["llama-untied"]())
+    ours = pagoda_model(model=str(tmp_path), hf_overrides={"num_hidden_layers": 1})
+    assert len(ours.model.layers) == 1
+    # transformers' model cut the same way is the reference.
+    hf_model.model.layers = hf_model.model.layers[:1]
+    hf_model.config.num_hidden_layers = 1
+    ids = prompt(hf_model.config.vocab_size)
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0]
+    kv_cache_binder(ours, 5, BLOCK_SIZE)
+    logits = model_step(ours, ids, [(0, PROMPT_LEN, [4, 2, 0, 3, 1])], BLOCK_SIZE)
+    assert_logits_close(logits, ref)
+
+
+def test_layers_share_one_rotary_cache(tmp_path, tiny_checkpoint, pagoda_model):
+    tiny_checkpoint(tmp_path, CONFIGS["llama-llama3-rope"]())
+    ours = pagoda_model(model=str(tmp_path))
+    caches = {id(layer.self_attn.rotary_emb.cos_sin_cache) for layer in ours.model.layers}
+    assert len(caches) == 1
