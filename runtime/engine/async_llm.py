@@ -134,9 +134,15 @@ class AsyncLLM:
         return self.dead_error is not None or self.client.is_dead
 
     def num_waiting_estimate(self) -> int:
-        """Engine-core requests submitted but not running, as far as we know:
-        the core's last count lags by a step, so count from our own side."""
-        return max(0, len(self.output_processor.states) - self.scheduler_stats.num_running_reqs)
+        """Engine-core requests waiting to be scheduled, as far as we know now.
+
+        The core's own count lags by a step and misses requests sent since,
+        so take the larger of it and what our in-flight count implies: at
+        most max_num_seqs of them can be running.
+        """
+        in_flight = len(self.output_processor.states)
+        implied = in_flight - self.args.max_num_seqs
+        return max(0, implied, min(self.scheduler_stats.num_waiting_reqs, in_flight))
 
     def on_dead(self, callback: Callable[[EngineDeadError], None]) -> None:
         """Call `callback` once if the engine core dies."""

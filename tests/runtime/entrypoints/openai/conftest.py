@@ -49,6 +49,13 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -78,6 +85,8 @@ class ServerProcess:
         self.env = {**os.environ, "TMPDIR": str(tmp), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.core_pid: int | None = None
+        # Every child (EngineCore, multiprocessing's resource tracker).
+        self.children: list[int] = []
         self.startup_s: float | None = None
 
     def start(self, timeout: float = 240.0) -> ServerProcess:
@@ -92,8 +101,9 @@ class ServerProcess:
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     self.startup_s = time.monotonic() - start
-                    children = child_pids(self.proc.pid)
-                    self.core_pid = children[0] if children else None
+                    self.children = child_pids(self.proc.pid)
+                    cores = [p for p in self.children if b"spawn_main" in _cmdline(p)]
+                    self.core_pid = cores[0] if len(cores) == 1 else None
                     return self
             except httpx.HTTPError:
                 pass
@@ -125,11 +135,11 @@ class ServerProcess:
     def assert_clean(self) -> None:
         """No process of this server is left, and no ipc socket file."""
         assert self.proc is not None and self.proc.poll() is not None
-        if self.core_pid is not None:
-            deadline = time.monotonic() + 10
-            while pid_alive(self.core_pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not pid_alive(self.core_pid), "EngineCore process left behind"
+        deadline = time.monotonic() + 10
+        while any(map(pid_alive, self.children)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in self.children if pid_alive(p)]
+        assert not left, f"processes left behind: {[_cmdline(p) for p in left]}"
         leftovers = [
             p for p in self.tmp.rglob("*") if p.is_socket() or p.name.startswith("pagoda-")
         ]
