@@ -25,8 +25,7 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 install: $(STAMP)
 
 serve: install
-	$(BIN)/pagoda generate --model smollm2-135m-instruct --chat --max-tokens 64 \
-		--prompt "Write one sentence about pagodas."
+	$(BIN)/pagoda serve smollm2-135m-instruct --host 127.0.0.1 --port 8000
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
