@@ -19,6 +19,8 @@ def rope_inv_freq(head_size: int, theta: float, scaling: dict | None) -> torch.T
         return (inv_freq / scaling["factor"]).float()
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling).float()
+    if kind == "freq_factors":  # GGUF's rope_freqs: one divisor per frequency
+        return (inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)).float()
     raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
 
 

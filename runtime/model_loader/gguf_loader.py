@@ -83,6 +83,15 @@ def read_gguf_config(path: Path, overrides: dict | None = None) -> ModelArchConf
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
     }
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        # Llama 3.1 GGUFs carry their RoPE scaling as a tensor of per-frequency
+        # divisors (llama.cpp's rope_freqs), not as metadata: without it every
+        # position would rotate at the unscaled frequencies.
+        cfg["rope_scaling"] = {
+            "rope_type": "freq_factors",
+            "factors": np.asarray(freqs.data, dtype=np.float64).ravel().tolist(),
+        }
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     if scaling_type == "linear":
         cfg["rope_scaling"] = {
@@ -117,7 +126,7 @@ def iter_gguf_weights(path: Path, cfg: ModelArchConfig) -> Iterator[tuple[str, t
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
-            continue  # e.g. rope_freqs: recomputed from the config
+            continue  # e.g. rope_freqs: read into the config's rope_scaling
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         data = np.asarray(data, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist())))
         if arch in _PERMUTED_ARCHS:
