@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +65,32 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def hf_cache_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot of a Hugging Face repo id ("org/name") in the
+    cache ($HF_HOME), or None. Never downloads: pods read a mounted cache."""
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return None
+    # Read the environment now: huggingface_hub fixes its defaults at import.
+    cache_dir = os.environ.get("HF_HUB_CACHE")
+    if cache_dir is None and "HF_HOME" in os.environ:
+        cache_dir = os.path.join(os.environ["HF_HOME"], "hub")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(repo_id=repo_id, cache_dir=cache_dir, local_files_only=True)
+        )
+    except Exception:  # not cached, or not a valid repo id
+        return None
+
+
 def resolve_model_config(args: EngineArgs) -> ModelConfig:
     """Find the model's weights and shape; errors name the `model` field."""
     name = args.model
     builtin = resolve_builtin(name)
     path = builtin if builtin is not None else Path(name).expanduser()
+    if builtin is None and not path.exists():
+        path = hf_cache_snapshot(name) or path
     overrides = args.hf_overrides
     if args.random_weights and name.lower() in PRESETS:
         source, path = "random", None
@@ -87,7 +109,8 @@ def resolve_model_config(args: EngineArgs) -> ModelConfig:
         )
         raise InvalidRequestError(
             f"model {name!r} not found: expected a built-in name (smollm2-135m-instruct), "
-            f"a .gguf file or a folder with config.json{hint}",
+            f"a .gguf file, a folder with config.json, or a Hugging Face repo id already "
+            f"in the local cache (HF_HOME){hint}",
             param="model",
         )
 
