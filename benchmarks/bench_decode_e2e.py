@@ -30,22 +30,8 @@ from pathlib import Path
 
 import torch
 
-
-def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
-    """Bytes/s of a large device-to-device copy (read + write counted)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
+from bench_decode_attention import measure_copy_bandwidth
 
 
 class StepTimer:
@@ -125,8 +111,7 @@ def main() -> None:
     from pagoda.runtime import LLM
     from pagoda.runtime.model_loader.random_loader import PRESETS
 
-    device = torch.device("cuda")
-    bw = copy_bandwidth(device)
+    bw = measure_copy_bandwidth()
     max_b = max(args.batch)
     common = dict(
         model=args.preset,
