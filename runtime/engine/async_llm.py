@@ -118,7 +118,12 @@ class AsyncLLM:
         client = EngineCoreClient(args, num_threads=num_threads, log_level=log_level)
         try:
             tok_src = model_config.tokenizer
-            tokenizer_task = asyncio.to_thread(load_tokenizer, *tok_src) if tok_src else None
+            # A task, so the tokenizer loads while the core loads the model.
+            tokenizer_task = (
+                asyncio.ensure_future(asyncio.to_thread(load_tokenizer, *tok_src))
+                if tok_src
+                else None
+            )
             info = await client.wait_ready()
             tokenizer = await tokenizer_task if tokenizer_task else None
         except BaseException:
