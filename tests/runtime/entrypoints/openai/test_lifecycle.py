@@ -69,7 +69,8 @@ def test_refuses_to_start_when_one_request_cannot_fit(smollm2_available, tmp_pat
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--kv-cache-memory" in proc.stderr and "max_model_len" in proc.stderr
-    assert not list(tmp_path.rglob("*"))
+    # No ipc socket or socket folder is left (torch may leave its own caches).
+    assert not [p for p in tmp_path.rglob("*") if p.is_socket() or p.name.startswith("pagoda-")]
 
 
 def test_tensor_parallel_above_one_is_refused_clearly():
