@@ -30,13 +30,18 @@ serve: install
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# CPU benchmarks (results in .bench/; recorded in docs/benchmarks.md). The GPU
+# ones (benchmarks/bench_decode_e2e.py, benchmarks/kernels/) exit at once
+# without a CUDA device.
 bench: install
-	$(BIN)/python benchmarks/bench_scheduler.py
-	$(BIN)/python benchmarks/bench_offline.py
+	$(BIN)/python benchmarks/bench_scheduler.py --out .bench/scheduler.json
+	$(BIN)/python benchmarks/bench_offline.py --out .bench/offline.json
+	$(BIN)/python benchmarks/bench_serving.py --rounds 3 --result-file .bench/serving.json
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m pagoda.operator.crd --check
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
