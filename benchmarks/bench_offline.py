@@ -113,8 +113,12 @@ def load_hf(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     gguf = resolve_builtin("smollm2-135m-instruct")
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
-    return model.eval()
+    # Loaded in float32 (dequantized, dense) and cast: the same dense weights
+    # in the same dtype as Pagoda's, not transformers' packed-GGUF kernels.
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    return model.to(dtype).eval()
 
 
 def bench_dtype(dtype_name: str, reqs, args) -> dict:
