@@ -144,6 +144,14 @@ class UsageInfo(OpenAIModel):
     completion_tokens: int = 0
     total_tokens: int = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
 
 class CompletionLogprobs(OpenAIModel):
     text_offset: list[int] = Field(default_factory=list)

@@ -142,11 +142,7 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         prompt_tokens = len(final.prompt_token_ids)
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        usage = UsageInfo.of(prompt_tokens, completion_tokens)
         resp = ChatCompletionResponse(
             id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
         )
@@ -193,11 +189,7 @@ class OpenAIServingChat(OpenAIServing):
                             ]
                         )
                 if include_usage:
-                    usage = UsageInfo(
-                        prompt_tokens=prompt_tokens,
-                        completion_tokens=completion_tokens,
-                        total_tokens=prompt_tokens + completion_tokens,
-                    )
+                    usage = UsageInfo.of(prompt_tokens, completion_tokens)
                     yield chunk([], usage)
         except EngineDeadError as exc:
             yield sse_error(f"the engine is not running: {exc}", 503)

@@ -134,11 +134,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 )
         choices.sort(key=lambda c: c.index)
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        usage = UsageInfo.of(prompt_tokens, completion_tokens)
         resp = CompletionResponse(
             id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
         )
@@ -186,11 +182,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                         yield sse(chunk.model_dump())
                 if include_usage:
-                    usage = UsageInfo(
-                        prompt_tokens=prompt_tokens,
-                        completion_tokens=completion_tokens,
-                        total_tokens=prompt_tokens + completion_tokens,
-                    )
+                    usage = UsageInfo.of(prompt_tokens, completion_tokens)
                     chunk = CompletionChunk(
                         id=request_id,
                         created=created,
