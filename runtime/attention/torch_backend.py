@@ -30,16 +30,17 @@ def gather_kv(
     kv_cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `num_tokens` positions of each request's block
-    table, as [R, Hkv, num_tokens, D]."""
-    block_size = kv_cache.shape[2]
-    num_blocks = -(-num_tokens // block_size)
-    blocks = block_table[:, :num_blocks]
-    r = blocks.shape[0]
-    # kv_cache[:, blocks] -> [2, R, nb, B, Hkv, D]
-    kv = kv_cache[:, blocks].flatten(2, 3)[:, :, :num_tokens]
-    kv = kv.transpose(2, 3)  # [2, R, Hkv, L, D]
-    assert kv.shape[1] == r
-    return kv[0], kv[1]
+    table, as [R, Hkv, num_tokens, D] (strided views of one gathered copy)."""
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
+    used = -(-num_tokens // block_size)
+    ids = block_table[:, :used].reshape(-1).long()
+    r = block_table.shape[0]
+    # index_select over whole blocks seen as rows: about 10x faster on the
+    # CPU than advanced indexing of kv_cache[:, blocks] (measured).
+    rows = kv_cache.view(2, num_blocks, -1)
+    k = rows[0].index_select(0, ids).view(r, used * block_size, num_kv_heads, head_size)
+    v = rows[1].index_select(0, ids).view(r, used * block_size, num_kv_heads, head_size)
+    return k[:, :num_tokens].transpose(1, 2), v[:, :num_tokens].transpose(1, 2)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -88,12 +89,12 @@ class TorchAttentionBackend(AttentionBackend):
         # GQA, SDPA on the CPU falls back to its unfused path (measured 4x
         # slower in float32).
         q = query[tokens].view(r, num_kv_heads, -1, head_size)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
+        scores = torch.einsum("rhgd,rhld->rhgl", q, k).float().mul_(scale)
         positions = torch.arange(max_len, device=query.device)
         padding = positions[None, :] >= seq_lens[:, None]
         scores.masked_fill_(padding[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        out[tokens] = torch.matmul(probs, v).view(r, -1, head_size)
+        out[tokens] = torch.einsum("rhgl,rhld->rhgd", probs, v).reshape(r, -1, head_size)
 
     @staticmethod
     def _prefill(query, kv_cache, metadata, row, seq_len, scale, out) -> None:
