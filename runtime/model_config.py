@@ -77,9 +77,7 @@ def hf_cache_snapshot(repo_id: str) -> Path | None:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(
-            snapshot_download(repo_id=repo_id, cache_dir=cache_dir, local_files_only=True)
-        )
+        return Path(snapshot_download(repo_id=repo_id, cache_dir=cache_dir, local_files_only=True))
     except Exception:  # not cached, or not a valid repo id
         return None
 
