@@ -11,6 +11,8 @@ mask shifted by the tokens already cached before the chunk.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.attention.backend import AttentionBackend, AttentionMetadata
@@ -31,20 +33,68 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `num_tokens` positions of each request's block
     table, as [R, Hkv, num_tokens, D] (strided views of one gathered copy)."""
-    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-    used = -(-num_tokens // block_size)
+    used = -(-num_tokens // kv_cache.shape[2])
     ids = block_table[:, :used].reshape(-1).long()
-    r = block_table.shape[0]
+    return _gather_blocks(kv_cache, ids, block_table.shape[0], num_tokens)
+
+
+def _gather_blocks(
+    kv_cache: torch.Tensor, block_ids: torch.Tensor, num_reqs: int, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _, num_blocks, _, num_kv_heads, head_size = kv_cache.shape
     # index_select over whole blocks seen as rows: about 10x faster on the
     # CPU than advanced indexing of kv_cache[:, blocks] (measured).
     rows = kv_cache.view(2, num_blocks, -1)
-    k = rows[0].index_select(0, ids).view(r, used * block_size, num_kv_heads, head_size)
-    v = rows[1].index_select(0, ids).view(r, used * block_size, num_kv_heads, head_size)
+    shape = (num_reqs, -1, num_kv_heads, head_size)
+    k = rows[0].index_select(0, block_ids).view(shape)
+    v = rows[1].index_select(0, block_ids).view(shape)
     return k[:, :num_tokens].transpose(1, 2), v[:, :num_tokens].transpose(1, 2)
+
+
+@dataclass
+class _StepPlan:
+    """What every layer of one step needs and only the step decides: which
+    requests decode, their gather indices and padding mask, and the prefill
+    chunks. Built by the first layer, reused by the others."""
+
+    decode_tokens: torch.Tensor | None  # flat token index of each decode
+    decode_block_ids: torch.Tensor | None  # [R_dec * blocks] for index_select
+    decode_padding: torch.Tensor | None  # [R_dec, max_len] True past the context
+    decode_max_len: int
+    prefills: list[tuple[int, int, int, torch.Tensor]]  # (start, end, seq_len, block ids)
+
+
+def _plan(metadata: AttentionMetadata, block_size: int) -> _StepPlan:
+    qsl = metadata.query_start_loc_cpu
+    query_lens = qsl[1:] - qsl[:-1]
+    seq_lens = metadata.seq_lens_cpu
+    device = metadata.block_table.device
+    rows_cpu = torch.nonzero(query_lens == 1).flatten()
+    tokens = ids = padding = None
+    max_len = 0
+    if rows_cpu.numel():
+        rows = rows_cpu.to(device)
+        tokens = qsl[rows_cpu].to(device)
+        max_len = int(seq_lens[rows_cpu].max())
+        used = -(-max_len // block_size)
+        ids = metadata.block_table[rows, :used].reshape(-1).long()
+        positions = torch.arange(max_len, device=device)
+        padding = positions[None, :] >= metadata.seq_lens[rows][:, None]
+    prefills = []
+    for row in torch.nonzero(query_lens > 1).flatten().tolist():
+        seq_len = int(seq_lens[row])
+        used = -(-seq_len // block_size)
+        block_ids = metadata.block_table[row, :used].long()
+        prefills.append((int(qsl[row]), int(qsl[row + 1]), seq_len, block_ids))
+    return _StepPlan(tokens, ids, padding, max_len, prefills)
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self) -> None:
+        self._plan_for: tuple[AttentionMetadata, int] | None = None
+        self._plan: _StepPlan | None = None
 
     def forward(
         self,
@@ -58,48 +108,41 @@ class TorchAttentionBackend(AttentionBackend):
         n = metadata.num_actual_tokens
         write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
-
-        qsl = metadata.query_start_loc_cpu
-        query_lens = qsl[1:] - qsl[:-1]
-        seq_lens = metadata.seq_lens_cpu
-        decode_rows = torch.nonzero(query_lens == 1).flatten()
-        prefill_rows = torch.nonzero(query_lens > 1).flatten().tolist()
-
-        if decode_rows.numel():
-            self._decode(query, kv_cache, metadata, decode_rows, scale, out)
-        for row in prefill_rows:
-            start, end = int(qsl[row]), int(qsl[row + 1])
-            self._prefill(
-                query[start:end], kv_cache, metadata, row, int(seq_lens[row]), scale, out[start:end]
-            )
+        # All layers of a step share one metadata object: plan once per step.
+        # (Holding the key keeps the object alive, so `is` cannot be fooled
+        # by a new metadata at a recycled address.)
+        key_ = self._plan_for
+        if key_ is None or key_[0] is not metadata or key_[1] != kv_cache.shape[2]:
+            self._plan = _plan(metadata, kv_cache.shape[2])
+            self._plan_for = (metadata, kv_cache.shape[2])
+        plan = self._plan
+        if plan.decode_tokens is not None:
+            self._decode(query, kv_cache, plan, scale, out)
+        for start, end, seq_len, block_ids in plan.prefills:
+            self._prefill(query[start:end], kv_cache, block_ids, seq_len, scale, out[start:end])
         return out
 
     @staticmethod
-    def _decode(query, kv_cache, metadata, rows_cpu, scale, out) -> None:
-        tokens = metadata.query_start_loc_cpu[rows_cpu].to(query.device)
-        rows = rows_cpu.to(query.device)
-        seq_lens = metadata.seq_lens[rows]
-        max_len = int(metadata.seq_lens_cpu[rows_cpu].max())
-        k, v = gather_kv(kv_cache, metadata.block_table[rows], max_len)
-        r, num_kv_heads = k.shape[0], k.shape[1]
-        head_size = query.shape[-1]
+    def _decode(query, kv_cache, plan: _StepPlan, scale, out) -> None:
+        tokens = plan.decode_tokens
+        r = tokens.shape[0]
+        k, v = _gather_blocks(kv_cache, plan.decode_block_ids, r, plan.decode_max_len)
+        num_kv_heads, head_size = k.shape[1], query.shape[-1]
         # Query heads grouped by the KV head they share (head h reads KV head
         # h // group, as transformers' repeat_kv), so GQA needs no copies of
-        # K/V. Two batched matmuls beat SDPA here: with a padding mask and
-        # GQA, SDPA on the CPU falls back to its unfused path (measured 4x
-        # slower in float32).
+        # K/V. Two einsums beat SDPA here: with a padding mask and GQA, SDPA
+        # on the CPU falls back to its unfused path (measured 4x slower in
+        # float32).
         q = query[tokens].view(r, num_kv_heads, -1, head_size)
         scores = torch.einsum("rhgd,rhld->rhgl", q, k).float().mul_(scale)
-        positions = torch.arange(max_len, device=query.device)
-        padding = positions[None, :] >= seq_lens[:, None]
-        scores.masked_fill_(padding[:, None, None, :], float("-inf"))
+        scores.masked_fill_(plan.decode_padding[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out[tokens] = torch.einsum("rhgl,rhld->rhgd", probs, v).reshape(r, -1, head_size)
 
     @staticmethod
-    def _prefill(query, kv_cache, metadata, row, seq_len, scale, out) -> None:
+    def _prefill(query, kv_cache, block_ids, seq_len, scale, out) -> None:
         q_len = query.shape[0]
-        k, v = gather_kv(kv_cache, metadata.block_table[row : row + 1], seq_len)
+        k, v = _gather_blocks(kv_cache, block_ids, 1, seq_len)
         q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
         if q_len == seq_len:
             o = F.scaled_dot_product_attention(
