@@ -44,8 +44,11 @@ class LLMEngine:
         prompt: Prompt,
         params: SamplingParams,
         kind: OutputKind = OutputKind.FINAL,
+        prompt_token_ids: list[int] | None = None,
     ) -> None:
-        token_ids, core_req = self.processor.process(request_id, prompt, params)
+        token_ids, core_req = self.processor.process(
+            request_id, prompt, params, prompt_token_ids=prompt_token_ids
+        )
         text = prompt if isinstance(prompt, str) else None
         for child_id, child_params in self.output_processor.add_request(
             request_id, text, token_ids, params, kind, core_req.arrival_time

@@ -45,9 +45,13 @@ class InputProcessor:
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        prompt_token_ids: list[int] | None = None,
     ) -> tuple[list[int], EngineCoreRequest]:
-        """Return (prompt token ids, the request for the engine core)."""
-        token_ids = self.tokenize(prompt)
+        """Return (prompt token ids, the request for the engine core).
+
+        `prompt_token_ids`, when the caller already tokenized `prompt`, saves
+        tokenizing it again."""
+        token_ids = self.tokenize(prompt) if prompt_token_ids is None else prompt_token_ids
         self.validate_prompt(token_ids)
         params.validate()
         req = EngineCoreRequest(

@@ -39,12 +39,11 @@ class LLM:
         """
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        for prompt, p in zip(prompts, params):
-            self.engine.validate(prompt, p)
+        token_ids = [self.engine.validate(prompt, p) for prompt, p in zip(prompts, params)]
         ids = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, toks in zip(prompts, params, token_ids):
             rid = self.engine.next_request_id()
-            self.engine.add_request(rid, prompt, p)
+            self.engine.add_request(rid, prompt, p, prompt_token_ids=toks)
             ids.append(rid)
         return self._run(ids, use_tqdm)
 
