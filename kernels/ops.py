@@ -22,6 +22,10 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _triton(choice: bool | None, t: torch.Tensor) -> bool:
+    return use_triton(t) if choice is None else choice
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -92,19 +96,23 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    *,
+    triton: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim of `x` [..., hidden] with `weight` [hidden].
-    With `residual`, returns `(norm(x + residual), x + residual)` (new tensors)."""
-    if use_triton(x):
+    With `residual`, returns `(norm(x + residual), x + residual)` (new tensors).
+    `triton` forces the kernel (True) or the twin (False); None decides by
+    `use_triton(x)`."""
+    if _triton(triton, x):
         from pagoda.kernels.rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
     return reference.rms_norm_ref(x, weight, eps, residual)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
     """`silu(x[..., :d]) * x[..., d:]` for `x` [..., 2d]; returns [..., d]."""
-    if use_triton(x):
+    if _triton(triton, x):
         from pagoda.kernels.activation import silu_and_mul_triton
 
         return silu_and_mul_triton(x)
@@ -117,6 +125,8 @@ def rotary_embedding(
     key: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     head_size: int | None = None,
+    *,
+    triton: bool | None = None,
 ) -> None:
     """Neox-style RoPE applied in place to `query` and `key`.
 
@@ -129,7 +139,7 @@ def rotary_embedding(
         assert head_size is not None, "2-D query/key need head_size"
         query = query.view(query.shape[0], -1, head_size)
         key = key.view(key.shape[0], -1, head_size)
-    if use_triton(query):
+    if _triton(triton, query):
         from pagoda.kernels.rotary import rotary_embedding_triton
 
         rotary_embedding_triton(positions, query, key, cos_sin_cache)

@@ -1,17 +1,22 @@
-"""Pure-torch reference twins of every Triton kernel in this package.
+"""Pure-torch twins of every Triton kernel in this package.
 
-Each twin computes what its kernel computes, written for clarity instead of
-speed: the tests compare kernel against twin on random inputs, and the
-dispatch layer (`pagoda.kernels.ops`) falls back to a twin when Triton cannot
-run (a CPU tensor without `TRITON_INTERPRET=1`). Twins never import Triton.
+Each twin computes what its kernel computes. The tests compare kernel against
+twin on random inputs, and the twin is also what the model's layers run
+wherever the kernels do not (the CPU, or `--no-fused-kernels`): there is one
+torch implementation of each op, so the elementwise ones (RMSNorm, SiLU-and-
+mul, RoPE) are written for speed on the CPU as well as for clarity (measured
+in docs/benchmarks.md). The attention and cache twins are oracles only: the
+runtime's torch attention backend batches differently. Twins never import
+Triton.
 
 Numerics follow Hugging Face transformers where the runtime must match it:
-math in float32, one rounding to the input dtype where transformers rounds.
+the roundings to the model dtype happen where transformers rounds.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def reshape_and_cache_ref(
@@ -83,20 +88,21 @@ def rms_norm_ref(
     model's residual stream is) and returns `(norm(x), x)`, like vLLM's
     fused_add_rms_norm; without it, returns `norm(x)`.
     """
-    dtype = x.dtype
     if residual is not None:
-        x = (x.float() + residual.float()).to(dtype)
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out = (weight.float() * normed.to(dtype).float()).to(dtype)
+        x = x + residual  # one rounding of the fp32 sum, in x's dtype
+    # torch's fused rms_norm (one pass) on float32 statistics; the product
+    # with the weight rounds once, in the model dtype, like transformers.
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    out = (weight * normed).to(x.dtype)
     return out if residual is None else (out, x)
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """`silu(x[..., :d]) * x[..., d:]` for x [..., 2d]; fp32 math, one rounding."""
+    """`silu(x[..., :d]) * x[..., d:]` for x [..., 2d], in x's dtype as
+    transformers computes it (two roundings in bf16; an fp32 copy of the
+    input would cost 16x more on the CPU, measured)."""
     d = x.shape[-1] // 2
-    xf = x.float()
-    return (torch.nn.functional.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+    return F.silu(x[..., :d]) * x[..., d:]
 
 
 def rotary_embedding_ref(
@@ -118,7 +124,7 @@ def rotary_embedding_ref(
     cs = cos_sin_cache[positions.to(torch.int64)].float()
     cos, sin = cs[:, None, :half], cs[:, None, half:]
     for t in (query, key):
-        x = t[..., :rot_dim].float()
-        x1, x2 = x[..., :half], x[..., half:]
-        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        t[..., :rot_dim] = rotated.to(t.dtype)
+        x1, x2 = t[..., :half].float(), t[..., half:rot_dim].float()
+        out1 = x1 * cos - x2 * sin
+        t[..., half:rot_dim] = x2 * cos + x1 * sin
+        t[..., :half] = out1

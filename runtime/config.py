@@ -10,6 +10,10 @@ from pagoda.runtime.sampling_params import InvalidRequestError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# Prefix-cache block keys: sha256 resists crafted collisions (vLLM's default
+# since CVE-2025-25183); builtin (Python's hash) is faster and only for
+# trusted traffic. Measured in benchmarks/bench_prefix_hash.py.
+PREFIX_CACHING_HASH_ALGOS = ("sha256", "builtin")
 
 
 @dataclass
@@ -23,6 +27,7 @@ class CacheConfig:
     kv_cache_memory_gib: float = 2.0
     # Fixes the number of blocks, bypassing the memory budget (tests, tuning).
     num_kv_blocks: int | None = None
+    prefix_caching_hash_algo: str = "sha256"
 
 
 @dataclass
@@ -46,15 +51,23 @@ class EngineArgs:
     max_num_batched_tokens: int = 4096
     block_size: int = 16
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_gib: float = 2.0
     num_kv_blocks: int | None = None
+    # Where sampling defaults and extra EOS ids come from: "auto" reads the
+    # model folder's generation_config.json, "none" ignores it, anything else
+    # is a folder holding one (vLLM's --generation-config).
+    generation_config: str = "auto"
     attention_backend: str = "auto"
     # CUDA: replay captured graphs for decode-only steps of these batch sizes
     # (default 1, 2, 4, 8, then multiples of 16 up to max_num_seqs);
     # enforce_eager turns graphs off.
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
+    # CUDA: RMSNorm, SiLU-and-mul and RoPE run as Triton kernels; off forces
+    # their torch twins (pagoda.kernels.reference), e.g. to bisect a problem.
+    fused_kernels: bool = True
     random_weights: bool = False
     # Extra fields of a model config, e.g. {"num_hidden_layers": 2} to shrink a
     # model for a quick check; applied on top of config.json or GGUF metadata.
@@ -81,6 +94,11 @@ class EngineArgs:
             self.attention_backend in ATTENTION_BACKENDS,
             "attention_backend",
             f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
+        )
+        check(
+            self.prefix_caching_hash_algo in PREFIX_CACHING_HASH_ALGOS,
+            "prefix_caching_hash_algo",
+            f"must be one of {PREFIX_CACHING_HASH_ALGOS}, got {self.prefix_caching_hash_algo!r}",
         )
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
@@ -109,6 +127,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             num_kv_blocks=self.num_kv_blocks,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
         )
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.model_loader.builtin import resolve_builtin
+from pagoda.runtime.model_loader.generation_config import (
+    GenerationConfig,
+    read_generation_config,
+)
 from pagoda.runtime.model_loader.gguf_loader import read_gguf_config
 from pagoda.runtime.model_loader.hf_loader import read_hf_config
 from pagoda.runtime.model_loader.random_loader import PRESETS
@@ -35,10 +39,17 @@ class ModelConfig:
     # How to load the tokenizer: (folder, gguf file name or None); None when
     # the model has none (random weights from a preset).
     tokenizer: tuple[str, str | None] | None
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     @property
     def vocab_size(self) -> int:
         return self.arch.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """config.json's EOS ids, then generation_config.json's (the front
+        end adds the tokenizer's: `processor.resolve_eos_token_ids`)."""
+        return tuple(dict.fromkeys(self.arch.eos_token_ids + self.generation.eos_token_ids))
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -127,6 +138,7 @@ def resolve_model_config(args: EngineArgs) -> ModelConfig:
             )
         max_len = args.max_model_len
     return ModelConfig(
+        generation=_generation_config(args.generation_config, source, path),
         model=name,
         source=source,
         path=path,
@@ -136,6 +148,21 @@ def resolve_model_config(args: EngineArgs) -> ModelConfig:
         max_model_len=max_len,
         tokenizer=_tokenizer_source(args, source, path),
     )
+
+
+def _generation_config(setting: str, source: str, path: Path | None) -> GenerationConfig:
+    if setting == "none":
+        return GenerationConfig()
+    if setting == "auto":
+        folder = path if source in ("hf", "random") and path is not None and path.is_dir() else None
+        return read_generation_config(folder)
+    folder = Path(setting).expanduser()
+    if not folder.is_dir():
+        raise InvalidRequestError(
+            f"generation_config {setting!r} is not 'auto', 'none' or a folder",
+            param="generation_config",
+        )
+    return read_generation_config(folder)
 
 
 def _tokenizer_source(args: EngineArgs, source: str, path: Path | None):

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+
+# Integer fields cross a process boundary as msgpack (at most 64 bits) and
+# index tensors: bound them here so an absurd value is a 400, not a 500.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Token ids, counts and lengths: no vocabulary or context comes near 2^31.
+MAX_TOKEN_ID = 2**31 - 1
+MAX_COUNT = 2**31 - 1
+# OpenAI's limits: n in [1, 128], logit_bias values in [-100, 100].
+MAX_N = 128
+MAX_LOGIT_BIAS = 100.0
+# At most this many entries in a request's list fields (stop strings, stop ids,
+# logit_bias): each costs work on the hot path, so an unbounded list is a DoS.
+MAX_LIST_LEN = 1024
 
 
 class InvalidRequestError(ValueError):
@@ -40,12 +54,16 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # token id -> value added to its logit before sampling (OpenAI's
+    # logit_bias; -100 effectively bans a token, 100 all but forces it).
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         self.validate()
 
     @property
@@ -59,7 +77,11 @@ class SamplingParams:
             if not ok:
                 raise InvalidRequestError(f"{param} {msg}", param=param)
 
-        check(_is_int(self.n) and self.n >= 1, "n", f"must be at least 1, got {self.n!r}")
+        check(
+            _is_int(self.n) and 1 <= self.n <= MAX_N,
+            "n",
+            f"must be in [1, {MAX_N}], got {self.n!r}",
+        )
         check(
             _is_num(self.temperature) and self.temperature >= 0,
             "temperature",
@@ -71,7 +93,7 @@ class SamplingParams:
             f"must be in (0, 1], got {self.top_p!r}",
         )
         check(
-            _is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
+            _is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k <= MAX_COUNT),
             "top_k",
             f"must be -1 (disabled) or at least 1, got {self.top_k!r}",
         )
@@ -96,14 +118,15 @@ class SamplingParams:
             f"must be positive, got {self.repetition_penalty!r}",
         )
         check(
-            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+            self.max_tokens is None
+            or (_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_COUNT),
             "max_tokens",
-            f"must be at least 1, got {self.max_tokens!r}",
+            f"must be in [1, {MAX_COUNT}], got {self.max_tokens!r}",
         )
         check(
-            _is_int(self.min_tokens) and self.min_tokens >= 0,
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_COUNT,
             "min_tokens",
-            f"must be non-negative, got {self.min_tokens!r}",
+            f"must be in [0, {MAX_COUNT}], got {self.min_tokens!r}",
         )
         if self.max_tokens is not None:
             check(
@@ -112,9 +135,9 @@ class SamplingParams:
                 f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}",
             )
         check(
-            self.seed is None or _is_int(self.seed),
+            self.seed is None or (_is_int(self.seed) and INT64_MIN <= self.seed <= INT64_MAX),
             "seed",
-            f"must be an integer, got {self.seed!r}",
+            f"must be a 64-bit signed integer, got {self.seed!r}",
         )
         check(
             self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
@@ -122,14 +145,24 @@ class SamplingParams:
             f"must be in [0, 20], got {self.logprobs!r}",
         )
         check(
-            all(isinstance(s, str) and s for s in self.stop),
+            len(self.stop) <= MAX_LIST_LEN and all(isinstance(s, str) and s for s in self.stop),
             "stop",
-            "must be non-empty strings",
+            f"must be at most {MAX_LIST_LEN} non-empty strings",
         )
         check(
-            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+            len(self.stop_token_ids) <= MAX_LIST_LEN
+            and all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in self.stop_token_ids),
             "stop_token_ids",
-            "must be non-negative integers",
+            f"must be at most {MAX_LIST_LEN} token ids in [0, {MAX_TOKEN_ID}]",
+        )
+        bias = self.logit_bias or {}
+        check(
+            len(bias) <= MAX_LIST_LEN
+            and all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in bias)
+            and all(_is_num(v) and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in bias.values()),
+            "logit_bias",
+            f"must map at most {MAX_LIST_LEN} token ids to values in "
+            f"[{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
         )
 
     def for_child(self, index: int) -> SamplingParams:
@@ -144,4 +177,5 @@ def _is_int(x: object) -> bool:
 
 
 def _is_num(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A finite real number: NaN and infinities would poison the logits."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -18,6 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# A block's prefix-cache key: a sha256 digest by default, an int from the
+# builtin hash (see kv_cache_manager).
+BlockHash = bytes | int
+
 
 @dataclass(slots=True, eq=False, repr=False)
 class KVCacheBlock:
@@ -31,7 +35,7 @@ class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
     # The prefix-cache key of the block's contents; None while it is not cached.
-    block_hash: int | None = None
+    block_hash: BlockHash | None = None
     prev_free_block: KVCacheBlock | None = None
     next_free_block: KVCacheBlock | None = None
 
@@ -129,7 +133,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -141,7 +145,7 @@ class BlockPool:
         """Fraction of blocks owned by at least one request, in [0, 1]."""
         return 1.0 - self.free_block_queue.num_free_blocks / self.num_blocks
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The cached block with this hash, owned or free, if any."""
         return self.cached_block_hash_to_block.get(block_hash)
 
@@ -181,7 +185,7 @@ class BlockPool:
     def cache_full_blocks(
         self,
         blocks: list[KVCacheBlock],
-        block_hashes: list[int],
+        block_hashes: list[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
     ) -> None:

@@ -64,6 +64,7 @@ class EngineCore:
             args.seed,
             enforce_eager=args.enforce_eager,
             cuda_graph_sizes=args.cuda_graph_sizes,
+            fused_kernels=args.fused_kernels,
         )
         self.runner.load_model()
         num_blocks = self.runner.determine_num_blocks()
@@ -101,11 +102,12 @@ class EngineCore:
                 request_id=req.request_id,
                 prompt_token_ids=req.prompt_token_ids,
                 sampling_params=req.sampling_params,
-                eos_token_id=req.eos_token_id,
+                eos_token_ids=tuple(req.eos_token_ids),
                 max_model_len=self.model_config.max_model_len,
                 arrival_time=req.arrival_time,
                 priority=req.priority,
                 cache_extra_keys=req.cache_extra_keys,
+                cache_salt=req.cache_salt,
             )
         )
 

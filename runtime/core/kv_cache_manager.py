@@ -10,41 +10,45 @@ prefix (system prompts, multi-turn chats) store that prefix once.
 from __future__ import annotations
 
 import hashlib
-import pickle
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 
-from pagoda.runtime.core.block_pool import BlockPool, KVCacheBlock
+from pagoda.runtime.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from pagoda.runtime.core.request import Request
 
-# The parent key of a request's first block. Any fixed value will do; it only
-# has to be the same for every request.
-ROOT_BLOCK_HASH = 0x5EED
-
-HASH_ALGOS = ("builtin", "sha256")
-
-BlockHashFn = Callable[[tuple], int]
+# (parent key, the block's token ids, extra keys) -> the block's key.
+BlockHashFn = Callable[[BlockHash, Sequence[int], tuple], BlockHash]
 
 
-def builtin_block_hash(key: tuple) -> int:
-    """Python's tuple hash: about 1 µs for a 16-token block.
-
-    It is 64-bit and not cryptographic, so someone who chooses prompts could
-    craft two blocks with one key and read another request's KV through the
-    prefix cache; accidental collisions are about 2^-64 per pair. String extra
-    keys hash differently in each process (PYTHONHASHSEED), which is harmless
-    because the cache lives in one process. Use "sha256" for untrusted
-    multi-tenant traffic, as vLLM offers.
+def sha256_block_hash(parent: BlockHash, token_ids: Sequence[int], extra: tuple) -> bytes:
+    """SHA-256 over the parent's digest, the token ids as 32-bit integers and
+    the extra keys: the default, because a prefix-cache key that an attacker
+    can collide lets one prompt read another's KV (CVE-2025-25183 in vLLM,
+    whose fix was this). The fields cannot run into each other: the digest
+    and a full block's ids have fixed widths. About 0.6 µs per 16-token block
+    on the build machine (benchmarks/bench_prefix_hash.py).
     """
-    return hash(key)
+    data = parent + array("I", token_ids).tobytes()
+    if extra:
+        data += repr(extra).encode()
+    return hashlib.sha256(data).digest()
 
 
-def sha256_block_hash(key: tuple) -> int:
-    """A collision-resistant key, a few µs per block slower than the builtin."""
-    digest = hashlib.sha256(pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-    return int.from_bytes(digest, "big")
+def builtin_block_hash(parent: BlockHash, token_ids: Sequence[int], extra: tuple) -> int:
+    """Python's tuple hash, about 5x cheaper than sha256: 64-bit and not
+    collision-resistant, so only for trusted traffic. String extra keys hash
+    differently in each process (PYTHONHASHSEED); harmless, the cache lives in
+    one process."""
+    return hash((parent, tuple(token_ids), extra))
 
 
-_HASH_FNS: dict[str, BlockHashFn] = {"builtin": builtin_block_hash, "sha256": sha256_block_hash}
+# Each algorithm's hash function and the parent key of a request's first block
+# (any fixed value of the algorithm's type).
+_HASHES: dict[str, tuple[BlockHashFn, BlockHash]] = {
+    "sha256": (sha256_block_hash, hashlib.sha256(b"pagoda prefix cache").digest()),
+    "builtin": (builtin_block_hash, 0x5EED),
+}
+HASH_ALGOS = tuple(_HASHES)
 
 
 class KVCacheManager:
@@ -68,15 +72,15 @@ class KVCacheManager:
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
-        hash_algo: str = "builtin",
+        hash_algo: str = "sha256",
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
-        if hash_algo not in _HASH_FNS:
+        if hash_algo not in _HASHES:
             raise ValueError(f"hash_algo must be one of {HASH_ALGOS}, got {hash_algo!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.hash_fn = _HASH_FNS[hash_algo]
+        self.hash_fn, self.root_hash = _HASHES[hash_algo]
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are registered in the cache,
@@ -206,17 +210,22 @@ class KVCacheManager:
 
     def _update_block_hashes(self, request: Request) -> None:
         """Extend `request.block_hashes` to cover every full block of its
-        tokens. Only new blocks are hashed: each key chains on its parent's."""
+        tokens. Only new blocks are hashed: each key chains on its parent's,
+        so the salt, which only the first block's key takes, changes them all."""
         hashes = request.block_hashes
         start = len(hashes)
         bs = self.block_size
         num_full = request.num_tokens // bs
         if start >= num_full:
             return
-        parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
         tokens = request.all_token_ids
         extra = request.cache_extra_keys
         hash_fn = self.hash_fn
+        if start == 0:
+            first = extra if request.cache_salt is None else (*extra, ("salt", request.cache_salt))
+            hashes.append(hash_fn(self.root_hash, tokens[:bs], first))
+            start = 1
+        parent = hashes[-1]
         for i in range(start, num_full):
-            parent = hash_fn((parent, tuple(tokens[i * bs : (i + 1) * bs]), extra))
+            parent = hash_fn(parent, tokens[i * bs : (i + 1) * bs], extra)
             hashes.append(parent)

@@ -20,10 +20,14 @@ class EngineCoreRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    eos_token_id: int | None
+    # Every id that ends the sequence (resolved once per model by the front end).
+    eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_extra_keys: tuple = ()
+    # Enters the first block's prefix-cache key only (vLLM's cache_salt): the
+    # chain makes every later block differ too.
+    cache_salt: str | None = None
 
 
 @dataclass

@@ -52,24 +52,27 @@ class Request:
     `block_hashes` holds the prefix-cache key of each full block of
     `all_token_ids`, extended by the KV cache manager as blocks fill.
     `cache_extra_keys` enters every block hash (e.g. a LoRA adapter name) so
-    requests that would compute different KV never share blocks.
+    requests that would compute different KV never share blocks;
+    `cache_salt` enters the first one only. `eos_token_ids` are the ids that
+    end the request (unless `ignore_eos`).
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    eos_token_id: int | None
     max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_extra_keys: tuple = ()
+    cache_salt: str | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hits at first scheduling; -1 = not yet
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[bytes | int] = field(default_factory=list)
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None

@@ -26,6 +26,7 @@ class NewRequestData:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
     block_ids: list[int]
     num_computed_tokens: int
 

@@ -53,7 +53,10 @@ class Scheduler:
                 "tokens); lower max_model_len or give the cache more memory"
             )
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            cache_config.prefix_caching_hash_algo,
         )
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -203,6 +206,7 @@ class Scheduler:
                     prompt_token_ids=request.prompt_token_ids,
                     output_token_ids=list(request.output_token_ids),
                     sampling_params=request.sampling_params,
+                    eos_token_ids=request.eos_token_ids,
                     block_ids=block_ids,
                     num_computed_tokens=num_hit,
                 )
@@ -289,7 +293,7 @@ class Scheduler:
         if num_output < params.min_tokens:
             return False
         last = request.output_token_ids[-1]
-        if last == request.eos_token_id and not params.ignore_eos:
+        if last in request.eos_token_ids and not params.ignore_eos:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
         if params.stop_token_ids and last in params.stop_token_ids:

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,7 +24,12 @@ from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.core.outputs import EngineCoreOutputs, SchedulerStats
 from pagoda.runtime.engine.core_client import EngineCoreClient, EngineDeadError
 from pagoda.runtime.engine.output_processor import OutputKind, OutputProcessor, ProcessedOutputs
-from pagoda.runtime.engine.processor import InputProcessor, Prompt
+from pagoda.runtime.engine.processor import (
+    InputProcessor,
+    Prompt,
+    log_generation_setup,
+    resolve_eos_token_ids,
+)
 from pagoda.runtime.engine.serialization import StepExtras
 from pagoda.runtime.engine.tokenizer import load_tokenizer
 from pagoda.runtime.outputs import RequestOutput
@@ -83,10 +89,12 @@ class AsyncLLM:
         info = client.info
         assert info is not None
         self.max_model_len = info.max_model_len
-        eos = model_config.arch.eos_token_id
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            eos = tokenizer.eos_token_id
+        eos = resolve_eos_token_ids(model_config.eos_token_ids, tokenizer)
         self.processor = InputProcessor(tokenizer, info.max_model_len, info.vocab_size, eos)
+        # The model's generation_config.json sampling defaults: what a request
+        # that leaves a field unset gets (vLLM's --generation-config auto).
+        self.default_sampling_params = dict(model_config.generation.sampling_defaults)
+        log_generation_setup(eos, self.default_sampling_params)
         self.output_processor = OutputProcessor(tokenizer)
         self.stat_logger = stat_logger
         self.scheduler_stats = SchedulerStats()
@@ -153,9 +161,11 @@ class AsyncLLM:
         """Call `callback` once if the engine core dies."""
         self._dead_callbacks.append(callback)
 
-    async def tokenize(self, prompt: Prompt) -> list[int]:
+    async def tokenize(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self.processor.tokenize, prompt)
+        return await loop.run_in_executor(
+            self._tokenize_pool, self.processor.tokenize, prompt, add_special_tokens
+        )
 
     async def add_request(
         self,
@@ -164,6 +174,8 @@ class AsyncLLM:
         params: SamplingParams,
         kind: OutputKind = OutputKind.DELTA,
         prompt_text: str | None = None,
+        add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> RequestHandle:
         """Validate and submit one request; iterate its outputs with `outputs()`.
 
@@ -175,7 +187,15 @@ class AsyncLLM:
         self._check_alive()
         loop = asyncio.get_running_loop()
         token_ids, core_req = await loop.run_in_executor(
-            self._tokenize_pool, self.processor.process, request_id, prompt, params
+            self._tokenize_pool,
+            functools.partial(
+                self.processor.process,
+                request_id,
+                prompt,
+                params,
+                add_special_tokens=add_special_tokens,
+                cache_salt=cache_salt,
+            ),
         )
         self._check_alive()
         # No await from this check to the registration below, so concurrent

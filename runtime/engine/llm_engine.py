@@ -9,7 +9,12 @@ import itertools
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.core.engine_core import EngineCore
 from pagoda.runtime.engine.output_processor import OutputKind, OutputProcessor
-from pagoda.runtime.engine.processor import InputProcessor, Prompt
+from pagoda.runtime.engine.processor import (
+    InputProcessor,
+    Prompt,
+    log_generation_setup,
+    resolve_eos_token_ids,
+)
 from pagoda.runtime.engine.tokenizer import load_tokenizer
 from pagoda.runtime.outputs import RequestOutput
 from pagoda.runtime.sampling_params import SamplingParams
@@ -21,21 +26,23 @@ class LLMEngine:
         mc = self.engine_core.model_config
         self.model_config = mc
         self.tokenizer = load_tokenizer(*mc.tokenizer) if mc.tokenizer else None
-        eos = mc.arch.eos_token_id
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos = self.tokenizer.eos_token_id
+        eos = resolve_eos_token_ids(mc.eos_token_ids, self.tokenizer)
         self.processor = InputProcessor(self.tokenizer, mc.max_model_len, mc.vocab_size, eos)
+        self.default_sampling_params = dict(mc.generation.sampling_defaults)
+        log_generation_setup(eos, self.default_sampling_params)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
 
-    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
+    def validate(
+        self, prompt: Prompt, params: SamplingParams, add_special_tokens: bool = True
+    ) -> list[int]:
         """Tokenize and check a request without submitting it."""
-        token_ids = self.processor.tokenize(prompt)
+        token_ids = self.processor.tokenize(prompt, add_special_tokens)
         self.processor.validate_prompt(token_ids)
-        params.validate()
+        self.processor.validate_params(params)
         return token_ids
 
     def add_request(
@@ -45,9 +52,16 @@ class LLMEngine:
         params: SamplingParams,
         kind: OutputKind = OutputKind.FINAL,
         prompt_token_ids: list[int] | None = None,
+        add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> None:
         token_ids, core_req = self.processor.process(
-            request_id, prompt, params, prompt_token_ids=prompt_token_ids
+            request_id,
+            prompt,
+            params,
+            prompt_token_ids=prompt_token_ids,
+            add_special_tokens=add_special_tokens,
+            cache_salt=cache_salt,
         )
         text = prompt if isinstance(prompt, str) else None
         for child_id, child_params in self.output_processor.add_request(

@@ -10,9 +10,18 @@ import json
 import os
 import typing
 
-from pagoda.runtime.config import ATTENTION_BACKENDS, DTYPES, EngineArgs
+from pagoda.runtime.config import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    PREFIX_CACHING_HASH_ALGOS,
+    EngineArgs,
+)
 
-_CHOICES = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS}
+_CHOICES = {
+    "dtype": DTYPES,
+    "attention_backend": ATTENTION_BACKENDS,
+    "prefix_caching_hash_algo": PREFIX_CACHING_HASH_ALGOS,
+}
 _HELP = {
     "model": "built-in name, .gguf file, or Hugging Face folder (with --random-weights: a preset)",
     "dtype": "weights and activations dtype; auto = bfloat16 on CUDA and bf16-capable CPUs",
@@ -23,10 +32,14 @@ _HELP = {
     "gpu_memory_utilization": "CUDA: fraction of device memory for weights + KV cache",
     "num_kv_blocks": "fix the number of KV blocks (overrides the memory budget)",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "prefix_caching_hash_algo": "prefix-cache block key: sha256 (collision-resistant) or builtin",
+    "generation_config": "sampling defaults and EOS ids: auto (the model's "
+    "generation_config.json), none, or a folder holding one",
     "random_weights": "random weights (benchmarks at sizes whose weights are absent)",
     "hf_overrides": "JSON object of model-config fields to override",
     "enforce_eager": "CUDA: never replay CUDA graphs",
     "cuda_graph_sizes": "CUDA: decode batch sizes to capture, comma-separated",
+    "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
 _ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}

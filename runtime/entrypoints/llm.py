@@ -26,11 +26,17 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's own defaults (its generation_config.json), used when
+        `generate` or `chat` get no sampling params; vLLM's method."""
+        return SamplingParams(**self.engine.default_sampling_params)
+
     def generate(
         self,
         prompts: str | list[int] | Sequence[str] | Sequence[list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        add_special_tokens: bool = True,
     ) -> list[RequestOutput]:
         """One output per prompt, in the order given.
 
@@ -38,8 +44,13 @@ class LLM:
         or parameter raises (naming the field) and nothing runs.
         """
         prompts = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
-        token_ids = [self.engine.validate(prompt, p) for prompt, p in zip(prompts, params)]
+        token_ids = [
+            self.engine.validate(prompt, p, add_special_tokens)
+            for prompt, p in zip(prompts, params)
+        ]
         ids = []
         for prompt, p, toks in zip(prompts, params, token_ids):
             rid = self.engine.next_request_id()
@@ -54,8 +65,13 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
         use_tqdm: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them."""
+        """Apply the model's chat template to one conversation or a list of them.
+
+        The rendered text is encoded without the tokenizer's special tokens
+        (`add_special_tokens=False`, as vLLM): templates write their own BOS.
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
         if tok is None:
@@ -69,7 +85,7 @@ class LLM:
             )
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, add_special_tokens)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         wanted = set(request_ids)
@@ -106,8 +122,6 @@ def _as_prompt_list(prompts) -> list:
 
 
 def _as_params_list(params, n: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams() for _ in range(n)]
     if isinstance(params, SamplingParams):
         return [params] * n
     params = list(params)

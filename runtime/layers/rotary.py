@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
+from pagoda.kernels import ops
+from pagoda.runtime.layers.custom_op import CustomOp
 
 
 def rope_inv_freq(head_size: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -38,8 +39,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
-    """Applies RoPE to q and k at the given positions from a cos/sin cache."""
+class RotaryEmbedding(CustomOp):
+    """Applies RoPE to q and k, in place, at the given positions."""
 
     def __init__(self, head_size: int, max_position: int, theta: float, scaling: dict | None):
         super().__init__()
@@ -47,18 +48,15 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_size, theta, scaling)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
-        # [max_position, head_size]: cos of both halves, then sin of both halves.
+        # [max_position, head_size]: cos of the head_size/2 frequencies, then
+        # their sin (vLLM's layout, which the kernel and its twin read).
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D]; returns rotated copies."""
-        cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        """q: [T, Hq, D], k: [T, Hkv, D] (views are fine: the projection's
+        output is rotated where it lies); returns q and k, rotated."""
+        ops.rotary_embedding(positions, q, k, self.cos_sin_cache, triton=self.use_triton)
+        return q, k

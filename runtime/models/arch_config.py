@@ -33,7 +33,9 @@ class ModelArchConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    # Every id config.json lists as end of sequence (Llama 3.1 Instruct lists
+    # three); the front end adds generation_config's and the tokenizer's.
+    eos_token_ids: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,6 +111,15 @@ class ModelArchConfig:
             # Qwen2 always has QKV bias; Llama-family configs say so explicitly.
             attention_bias=cfg.get("attention_bias", arch == "Qwen2ForCausalLM"),
             bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            eos_token_ids=token_id_tuple(eos),
             extra={k: v for k, v in cfg.items() if k not in known},
         )
+
+
+def token_id_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+    """config.json and generation_config.json give a token id as an int, a
+    list of ints or null; always a tuple here, without duplicates."""
+    if value is None:
+        return ()
+    ids = [value] if isinstance(value, int) else list(value)
+    return tuple(dict.fromkeys(int(t) for t in ids))

@@ -32,6 +32,8 @@ class SamplingMetadata:
     - output_token_ids: per row, the tokens generated so far.
     - min_tokens_stop_ids: row -> token ids to mask (EOS unless ignore_eos,
       and stop_token_ids) while the row has fewer than min_tokens outputs.
+    - logit_bias: (rows, token ids, values) of every row's biases as three
+      flat tensors, or None when no row has any.
     """
 
     temperature: torch.Tensor
@@ -49,6 +51,7 @@ class SamplingMetadata:
     prompt_token_ids: torch.Tensor | None
     output_token_ids: list[list[int]]
     min_tokens_stop_ids: dict[int, list[int]]
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_requests(
@@ -57,7 +60,7 @@ class SamplingMetadata:
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
         generators: dict[int, torch.Generator],
-        eos_token_id: int | None,
+        eos_token_ids: list[tuple[int, ...]],
         vocab_size: int,
         device: torch.device | str,
     ) -> SamplingMetadata:
@@ -111,33 +114,57 @@ class SamplingMetadata:
             else pad_token_lists(prompt_token_ids, vocab_size, device),
             output_token_ids=output_token_ids,
             min_tokens_stop_ids=min_tokens_stop_ids(
-                params, output_token_ids, eos_token_id, vocab_size
+                params, output_token_ids, eos_token_ids, vocab_size
             ),
+            logit_bias=logit_bias_tensors(params, device),
         )
 
 
 def min_tokens_stop_ids(
     params: list[SamplingParams],
     output_token_ids: list[list[int]],
-    eos_token_id: int | None,
+    eos_token_ids: list[tuple[int, ...]],
     vocab_size: int,
 ) -> dict[int, list[int]]:
-    """Rows still short of min_tokens -> the ids that would end them (EOS, stop ids).
+    """Rows still short of min_tokens -> the ids that would end them (every
+    EOS id of the row's model, and its stop ids).
 
     EOS is left out under ignore_eos: it does not stop such a request, so
     masking it would only distort the distribution.
     """
     out: dict[int, list[int]] = {}
-    for row, (p, tokens) in enumerate(zip(params, output_token_ids)):
+    for row, (p, tokens, eos) in enumerate(zip(params, output_token_ids, eos_token_ids)):
         if len(tokens) >= p.min_tokens:
             continue
         ids = list(p.stop_token_ids)
-        if eos_token_id is not None and not p.ignore_eos:
-            ids.append(eos_token_id)
+        if not p.ignore_eos:
+            ids += eos
         ids = sorted({t for t in ids if 0 <= t < vocab_size})
         if ids:
             out[row] = ids
     return out
+
+
+def logit_bias_tensors(
+    params: list[SamplingParams], device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Every row's logit_bias as flat (rows, token ids, values), for one
+    scatter-add over the batch; None when no row has a bias (the usual case)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, p in enumerate(params):
+        if p.logit_bias:
+            rows += [row] * len(p.logit_bias)
+            cols += p.logit_bias.keys()
+            values += p.logit_bias.values()
+    if not rows:
+        return None
+    return (
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(cols, dtype=torch.int64, device=device),
+        torch.tensor(values, dtype=torch.float32, device=device),
+    )
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -43,6 +43,16 @@ def token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return counts[:, :vocab_size]
 
 
+def apply_logit_bias(
+    logits: torch.Tensor, bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+) -> torch.Tensor:
+    """Add each row's logit_bias (flat rows, token ids, values) to its logits."""
+    if bias is None:
+        return logits
+    rows, cols, values = bias
+    return logits.index_put((rows, cols), values, accumulate=True)
+
+
 def apply_min_tokens(logits: torch.Tensor, stop_ids: dict[int, list[int]]) -> torch.Tensor:
     """Mask `stop_ids[row]` (EOS and stop tokens) for rows below their min_tokens."""
     if not stop_ids:
@@ -136,7 +146,7 @@ def apply_top_k_top_p(
     )
     probs = (values - norm).exp()
     mass_before = probs.cumsum(dim=-1) - probs
-    values = values.masked_fill((mass_before >= p.unsqueeze(1)) & (p < 1.0).unsqueeze(1), _NEG_INF)
+    values = values.masked_fill(_nucleus_mask(mass_before, p), _NEG_INF)
     filtered = torch.full_like(sub, _NEG_INF).scatter_(1, indices, values)
     short = partial & (probs.sum(dim=-1) < p)
     if short.any():
@@ -155,9 +165,20 @@ def top_k_top_p_sorted(
     sorted_logits = sorted_logits.masked_fill(positions >= top_k.unsqueeze(1), _NEG_INF)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    mask = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
-    sorted_logits = sorted_logits.masked_fill(mask, _NEG_INF)
+    sorted_logits = sorted_logits.masked_fill(_nucleus_mask(mass_before, top_p), _NEG_INF)
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+def _nucleus_mask(mass_before: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Sorted positions outside the nucleus: those with mass >= p before them.
+
+    The first position is always kept. A tiny p (1e-50 underflows to 0.0 in
+    float32) would otherwise mask every token, and the argmax of an all -inf
+    row is token 0, not the most likely token.
+    """
+    mask = (mass_before >= top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1)
+    mask[:, 0] = False
+    return mask
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

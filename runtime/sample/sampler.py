@@ -36,7 +36,7 @@ class SamplerOutput:
 class Sampler(torch.nn.Module):
     """Turns logits [R, V] into one token per row.
 
-    Order (as vLLM V1): log-probs of the raw logits; min_tokens masking;
+    Order (as vLLM V1): log-probs of the raw logits; logit_bias; min_tokens masking;
     penalties; greedy rows take the argmax; random rows are divided by their
     temperature, then top-k, top-p, min-p, softmax and the exponential race.
     Work for a feature is skipped when no row of the batch uses it.
@@ -48,6 +48,7 @@ class Sampler(torch.nn.Module):
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.log_softmax(dim=-1)
 
+        logits = ops.apply_logit_bias(logits, metadata.logit_bias)
         logits = ops.apply_min_tokens(logits, metadata.min_tokens_stop_ids)
         if not metadata.no_penalties:
             output_ids = ops.pad_token_lists(

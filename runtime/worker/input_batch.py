@@ -22,6 +22,7 @@ class CachedRequestState:
     output_token_ids: list[int]
     sampling_params: SamplingParams
     generator: torch.Generator | None
+    eos_token_ids: tuple[int, ...] = ()
     block_ids: list[int] = field(default_factory=list)
 
 

@@ -10,6 +10,7 @@ from pagoda.runtime.attention.backend import AttentionMetadata, kv_cache_shape
 from pagoda.runtime.attention.selector import select_backend
 from pagoda.runtime.config import CacheConfig, SchedulerConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.layers.custom_op import set_triton_kernels
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
@@ -34,6 +35,7 @@ class ModelRunner:
         seed: int = 0,
         enforce_eager: bool = False,
         cuda_graph_sizes: list[int] | None = None,
+        fused_kernels: bool = True,
     ):
         self.model_config = model_config
         self.cache_config = cache_config
@@ -41,6 +43,9 @@ class ModelRunner:
         self.device = model_config.device
         self.dtype = model_config.dtype
         self.seed = seed
+        # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
+        # would run, but orders of magnitude slower than the torch twins.
+        self.use_triton_kernels = fused_kernels and self.device.type == "cuda"
         self.backend = select_backend(attention_backend, self.device)
         self.batch = InputBatch(
             scheduler_config.max_num_seqs, model_config.max_model_len, cache_config.block_size
@@ -66,6 +71,7 @@ class ModelRunner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         for layer in self.model.attention_layers():
             layer.backend = self.backend
+        set_triton_kernels(self.model, self.use_triton_kernels)
 
     def kv_bytes_per_block(self) -> int:
         a = self.model_config.arch
@@ -172,6 +178,7 @@ class ModelRunner:
                 output_token_ids=list(new.output_token_ids),
                 sampling_params=sp,
                 generator=gen,
+                eos_token_ids=new.eos_token_ids,
                 block_ids=list(new.block_ids),
             )
             self.batch.add(state, new.num_computed_tokens)
@@ -244,7 +251,7 @@ class ModelRunner:
             prompt_token_ids=[st.prompt_token_ids for st in states],
             output_token_ids=[st.output_token_ids for st in states],
             generators=generators,
-            eos_token_id=self.model_config.arch.eos_token_id,
+            eos_token_ids=[st.eos_token_ids for st in states],
             vocab_size=self.model_config.vocab_size,
             device=self.device,
         )

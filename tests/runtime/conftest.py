@@ -158,3 +158,144 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- other model families -------------------------------------------------------
+# SmolLM2 alone hides real defects: its template writes no BOS and it has one
+# EOS. These families carry their real chat templates (tests/runtime/data),
+# special tokens, config.json EOS lists and generation_config.json defaults,
+# over SmolLM2's vocabulary and tiny random weights.
+
+FAMILIES = {
+    "llama-3.1": {
+        "architecture": "llama",
+        "template": "llama-3.1-instruct.jinja",
+        "added": [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eom_id|>",
+            "<|eot_id|>",
+            "<|python_tag|>",
+        ],
+        "bos": "<|begin_of_text|>",
+        "eos": "<|eot_id|>",
+        "config_eos": ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
+        "generation": {"do_sample": True, "temperature": 0.6, "top_p": 0.9},
+        "generation_eos": ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"],
+    },
+    "mistral": {
+        "architecture": "mistral",
+        "template": "mistral-instruct.jinja",
+        "added": ["<s>", "</s>"],
+        "bos": "<s>",
+        "eos": "</s>",
+        "config_eos": ["</s>"],
+        "generation": {},
+        "generation_eos": ["</s>"],
+    },
+    "qwen2.5": {
+        "architecture": "qwen2",
+        "template": "qwen2.5-instruct.jinja",
+        "added": [],  # <|endoftext|>, <|im_start|>, <|im_end|> are in SmolLM2's vocabulary
+        "bos": None,
+        "eos": "<|im_end|>",
+        "config_eos": ["<|im_end|>"],
+        "generation": {
+            "do_sample": True,
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+            "repetition_penalty": 1.05,
+        },
+        "generation_eos": ["<|im_end|>", "<|endoftext|>"],
+    },
+}
+
+
+def _family_tokenizer(smollm2_tokenizer, spec: dict):
+    """SmolLM2's vocabulary with the family's special tokens and BOS rule, as a
+    `tokenizers.Tokenizer`."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tok = Tokenizer.from_str(smollm2_tokenizer.backend_tokenizer.to_str())
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec["added"]])
+    bos = spec["bos"]
+    if bos is not None:
+        # Llama 3's and Mistral's tokenizers put a BOS before every encoded text.
+        tok.post_processor = TemplateProcessing(
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tok.token_to_id(bos))],
+        )
+    assert json.loads(tok.to_str())  # round-trips
+    return tok
+
+
+@pytest.fixture(scope="session")
+def model_family(smollm2_tokenizer, tmp_path_factory):
+    """Factory: model_family(name) -> (folder, facts) for "llama-3.1", "mistral"
+    or "qwen2.5": a tiny random checkpoint with the family's real tokenizer
+    setup. `facts` holds the token ids the tests check against: bos_id,
+    tokenizer_eos_id, eos_ids (every id that must end a sequence)."""
+    import json
+
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    configs = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+    templates = pathlib.Path(__file__).parent / "data" / "chat_templates"
+    built: dict[str, tuple[pathlib.Path, dict]] = {}
+
+    def build(name: str) -> tuple[pathlib.Path, dict]:
+        if name in built:
+            return built[name]
+        spec = FAMILIES[name]
+        folder = tmp_path_factory.mktemp(name)
+        tok = _family_tokenizer(smollm2_tokenizer, spec)
+        tok.save(str(folder / "tokenizer.json"))
+        ids = tok.token_to_id
+        tokenizer_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": spec["bos"],
+            "eos_token": spec["eos"],
+            "pad_token": spec["eos"],
+            "model_max_length": 256,
+            "chat_template": (templates / spec["template"]).read_text(),
+        }
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+        config_eos = [ids(t) for t in spec["config_eos"]]
+        config = configs[spec["architecture"]](
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=tok.get_vocab_size(),
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=ids(spec["bos"]) if spec["bos"] else None,
+            eos_token_id=config_eos if len(config_eos) > 1 else config_eos[0],
+        )
+        save_tiny_checkpoint(folder, config)
+        # save_pretrained writes its own generation_config.json; the family's replaces it.
+        generation = {
+            **spec["generation"],
+            "eos_token_id": [ids(t) for t in spec["generation_eos"]],
+        }
+        (folder / "generation_config.json").write_text(json.dumps(generation))
+        eos_ids = {ids(spec["eos"]), *config_eos, *generation["eos_token_id"]}
+        facts = {
+            "bos_id": ids(spec["bos"]) if spec["bos"] else None,
+            "tokenizer_eos_id": ids(spec["eos"]),
+            "config_eos_ids": config_eos,
+            "eos_ids": eos_ids,
+            "sampling_defaults": {k: v for k, v in spec["generation"].items() if k != "do_sample"},
+        }
+        built[name] = (folder, facts)
+        return built[name]
+
+    return build

@@ -177,16 +177,20 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
         completions.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             return error_response("give exactly one of prompt and messages", 400, "prompt")
+        # Each mode encodes as its route does (a chat prompt without the
+        # tokenizer's special tokens), so the count equals usage.prompt_tokens.
         if body.messages is not None:
-            text = await chat.render_prompt(body.messages, body.add_generation_prompt, None)
+            text = await chat.render_prompt(
+                body.messages, body.add_generation_prompt, body.chat_template_kwargs
+            )
             add_special = False
         else:
-            text, add_special = body.prompt, body.add_special_tokens
+            text, add_special = body.prompt, True
+        if body.add_special_tokens is not None:
+            add_special = body.add_special_tokens
         if engine.tokenizer is None:
             return error_response("this model has no tokenizer", 400, "prompt")
-        tokens = await asyncio.to_thread(
-            engine.tokenizer.encode, text, add_special_tokens=add_special
-        )
+        tokens = await engine.tokenize(text, add_special)
         return JSONResponse(
             {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
         )

@@ -34,6 +34,8 @@ class _SamplingFields(OpenAIModel):
 
     model: str | None = None
     max_tokens: int | None = None
+    # Unset sampling fields take the model's generation_config.json default,
+    # then OpenAI's (vLLM's --generation-config auto).
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -46,31 +48,48 @@ class _SamplingFields(OpenAIModel):
     min_tokens: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
+    # OpenAI's shape: token id (as a string) -> bias in [-100, 100].
+    logit_bias: dict[str, float] | None = None
+    # vLLM's name: requests with different salts never share prefix-cache blocks.
+    cache_salt: str | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """The engine's parameters; raises InvalidRequestError naming the field."""
+    def sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, defaults: dict | None = None
+    ) -> SamplingParams:
+        """The engine's parameters; raises InvalidRequestError naming the field.
+
+        `defaults` (the model's generation config) fill the sampling fields
+        the request left unset; OpenAI's defaults fill the rest.
+        """
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError(
                 "stream_options may only be set when stream is true", param="stream_options"
             )
+        defaults = defaults or {}
+
+        def pick(name: str, openai_default: float | int) -> float | int:
+            value = getattr(self, name)
+            return defaults.get(name, openai_default) if value is None else value
+
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        top_k = pick("top_k", -1)
         return SamplingParams(
             n=self.n,
-            # OpenAI's default temperature is 1; clients omit it for the default.
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
             # 0 means "off" for many clients (vLLM accepts it too).
-            top_k=-1 if self.top_k in (None, 0) else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            top_k=-1 if top_k == 0 else top_k,
+            min_p=pick("min_p", 0.0),
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            logit_bias=_logit_bias(self.logit_bias),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -83,8 +102,22 @@ class _SamplingFields(OpenAIModel):
         )
 
 
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends token ids as JSON object keys, i.e. strings."""
+    if not bias:
+        return None
+    try:
+        return {int(token): value for token, value in bias.items()}
+    except ValueError:
+        raise InvalidRequestError(
+            "logit_bias keys must be token ids (integers as strings)", param="logit_bias"
+        ) from None
+
+
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # A text prompt gets the tokenizer's special tokens (a BOS for Llama).
+    add_special_tokens: bool = True
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -120,6 +153,9 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
+    # The template writes the special tokens it wants (Llama's and Mistral's
+    # emit bos_token); encoding with them would double the BOS. vLLM's default.
+    add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -127,8 +163,11 @@ class TokenizeRequest(OpenAIModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # Unset: as the matching route encodes (True for a prompt, False for
+    # messages), so /tokenize counts what usage reports.
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(OpenAIModel):
@@ -139,17 +178,24 @@ class DetokenizeRequest(OpenAIModel):
 # -- responses ------------------------------------------------------------------------
 
 
+class PromptTokensDetails(OpenAIModel):
+    # Prompt tokens served from the prefix cache (OpenAI's name).
+    cached_tokens: int = 0
+
+
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> UsageInfo:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 

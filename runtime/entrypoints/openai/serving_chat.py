@@ -98,14 +98,16 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens = body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        params = body.sampling_params(max_tokens, logprobs)
+        params = body.sampling_params(max_tokens, logprobs, self.engine.default_sampling_params)
         prompt = await self.render_prompt(
             body.messages, body.add_generation_prompt, body.chat_template_kwargs
         )
         request_id = random_id("chatcmpl")
         created = int(time.time())
         kind = OutputKind.DELTA if body.stream else OutputKind.FINAL
-        handles = await self.add_requests(request_id, [prompt], params, kind)
+        handles = await self.add_requests(
+            request_id, [prompt], params, kind, body.add_special_tokens, body.cache_salt
+        )
         top = body.top_logprobs or 0
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -142,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         prompt_tokens = len(final.prompt_token_ids)
-        usage = UsageInfo.of(prompt_tokens, completion_tokens)
+        usage = UsageInfo.of(prompt_tokens, completion_tokens, final.num_cached_tokens)
         resp = ChatCompletionResponse(
             id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
         )
@@ -162,7 +164,7 @@ class OpenAIServingChat(OpenAIServing):
                 ).model_dump()
             )
 
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = cached_tokens = 0
         try:
             # OpenAI opens every choice with the assistant role and no text.
             for i in range(n):
@@ -172,6 +174,7 @@ class OpenAIServingChat(OpenAIServing):
             async with self.output_streams(handles) as outputs:
                 async for _, ro in outputs:
                     prompt_tokens = len(ro.prompt_token_ids)
+                    cached_tokens = ro.num_cached_tokens
                     for c in ro.outputs:
                         completion_tokens += len(c.token_ids)
                         lp = None
@@ -189,7 +192,7 @@ class OpenAIServingChat(OpenAIServing):
                             ]
                         )
                 if include_usage:
-                    usage = UsageInfo.of(prompt_tokens, completion_tokens)
+                    usage = UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens)
                     yield chunk([], usage)
         except EngineDeadError as exc:
             yield sse_error(f"the engine is not running: {exc}", 503)

@@ -80,16 +80,20 @@ class OpenAIServingCompletion(OpenAIServing):
                 400,
                 param="echo",
             )
-        params = body.sampling_params(
-            16 if body.max_tokens is None else body.max_tokens, body.logprobs
-        )
+        defaults = self.engine.default_sampling_params
+        max_tokens = body.max_tokens
+        if max_tokens is None:  # OpenAI's default is 16, unless the model sets one
+            max_tokens = defaults.get("max_tokens", 16)
+        params = body.sampling_params(max_tokens, body.logprobs, defaults)
         prompts = _prompts(body.prompt)
         request_id = random_id("cmpl")
         created = int(time.time())
         # Streams get each step's new text (DELTA); a plain response needs
         # only the finished request (FINAL): one message instead of one per token.
         kind = OutputKind.DELTA if body.stream else OutputKind.FINAL
-        handles = await self.add_requests(request_id, prompts, params, kind)
+        handles = await self.add_requests(
+            request_id, prompts, params, kind, body.add_special_tokens, body.cache_salt
+        )
         tokenizer = self.engine.tokenizer
         echo_texts = [
             (p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts
@@ -116,9 +120,10 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _response(self, final, request_id, created, n, logprobs, echo_texts) -> dict:
         choices = []
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = cached_tokens = 0
         for i, ro in enumerate(final):
             prompt_tokens += len(ro.prompt_token_ids)
+            cached_tokens += ro.num_cached_tokens
             for c in ro.outputs:
                 completion_tokens += len(c.token_ids)
                 lp = None
@@ -134,7 +139,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 )
         choices.sort(key=lambda c: c.index)
-        usage = UsageInfo.of(prompt_tokens, completion_tokens)
+        usage = UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens)
         resp = CompletionResponse(
             id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
         )
@@ -144,6 +149,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, handles, request_id, created, n, logprobs, echo_texts, include_usage
     ) -> AsyncIterator[str]:
         prompt_tokens = completion_tokens = 0
+        cached = [0] * len(handles)
         first = [True] * len(handles)
         builders: dict[int, CompletionLogprobsBuilder] = {}
         started: set[int] = set()
@@ -153,6 +159,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if first[i]:
                         first[i] = False
                         prompt_tokens += len(ro.prompt_token_ids)
+                    cached[i] = ro.num_cached_tokens
                     for c in ro.outputs:
                         completion_tokens += len(c.token_ids)
                         index = i * n + c.index
@@ -182,7 +189,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                         yield sse(chunk.model_dump())
                 if include_usage:
-                    usage = UsageInfo.of(prompt_tokens, completion_tokens)
+                    usage = UsageInfo.of(prompt_tokens, completion_tokens, sum(cached))
                     chunk = CompletionChunk(
                         id=request_id,
                         created=created,

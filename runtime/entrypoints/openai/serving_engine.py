@@ -46,7 +46,13 @@ class OpenAIServing:
             raise APIError(f"The model `{model}` does not exist.", 404, param="model")
 
     async def add_requests(
-        self, request_id: str, prompts: list, params: SamplingParams, kind: OutputKind
+        self,
+        request_id: str,
+        prompts: list,
+        params: SamplingParams,
+        kind: OutputKind,
+        add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> list[RequestHandle]:
         """Submit one engine request per prompt, all or none. Every refusal
         (bad field, overload, dead engine) raises here, before a response
@@ -55,7 +61,16 @@ class OpenAIServing:
         try:
             for i, prompt in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                handles.append(await self.engine.add_request(rid, prompt, params, kind))
+                handles.append(
+                    await self.engine.add_request(
+                        rid,
+                        prompt,
+                        params,
+                        kind,
+                        add_special_tokens=add_special_tokens,
+                        cache_salt=cache_salt,
+                    )
+                )
         except BaseException:
             for handle in handles:
                 await self.engine.abort(handle.request_id)

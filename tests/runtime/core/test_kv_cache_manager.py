@@ -1,21 +1,23 @@
 """KVCacheManager: prefix hits, LRU eviction, reference counts, no leaks."""
 
+import hashlib
+
 import pytest
-from pagoda.runtime.core.kv_cache_manager import KVCacheManager
+from pagoda.runtime.core.kv_cache_manager import HASH_ALGOS, KVCacheManager, sha256_block_hash
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.sampling_params import SamplingParams
 
 BS = 4
 
 
-def make_request(req_id, tokens, extra=()):
+def make_request(req_id, tokens, extra=(), salt=None):
     return Request(
         request_id=req_id,
         prompt_token_ids=list(tokens),
         sampling_params=SamplingParams(max_tokens=8),
-        eos_token_id=None,
         max_model_len=1024,
         cache_extra_keys=extra,
+        cache_salt=salt,
     )
 
 
@@ -218,7 +220,7 @@ def test_block_hashes_are_extended_without_rehashing_earlier_blocks():
     kv = KVCacheManager(64, BS)
     calls = []
     inner = kv.hash_fn
-    kv.hash_fn = lambda key: calls.append(key) or inner(key)
+    kv.hash_fn = lambda *key: calls.append(key) or inner(*key)
     a = make_request("a", range(8))
     admit(kv, a)
     assert len(calls) == 2
@@ -277,11 +279,47 @@ def test_caching_off_hashes_nothing_and_never_hits():
     assert kv.num_free_blocks == 8
 
 
-def test_sha256_hashing_gives_the_same_hits():
-    kv = KVCacheManager(16, BS, hash_algo="sha256")
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_every_hash_algo_gives_the_same_hits(algo):
+    kv = KVCacheManager(16, BS, hash_algo=algo)
     admit(kv, make_request("a", range(10)))
     _, num_hit = admit(kv, make_request("b", range(10)))
     assert num_hit == 8
+
+
+def test_the_default_block_key_is_a_sha256_digest():
+    kv = KVCacheManager(16, BS)
+    a = make_request("a", range(8))
+    admit(kv, a)
+    assert all(isinstance(h, bytes) and len(h) == 32 for h in a.block_hashes)
+
+
+def test_sha256_keys_chain_on_the_parent_and_the_exact_token_ids():
+    root = hashlib.sha256(b"x").digest()
+    key = sha256_block_hash(root, [1, 2, 3, 4], ())
+    assert key == sha256_block_hash(root, [1, 2, 3, 4], ())
+    assert key != sha256_block_hash(root, [1, 2, 3, 5], ())
+    assert key != sha256_block_hash(key, [1, 2, 3, 4], ())
+    assert key != sha256_block_hash(root, [1, 2, 3, 4], ("lora-a",))
+    # Ids are encoded at a fixed width: 256 is not "1, 0" in some other base.
+    assert sha256_block_hash(root, [256, 1], ()) != sha256_block_hash(root, [1, 256], ())
+
+
+def test_cache_salt_isolates_prefixes_and_equal_salts_share():
+    kv = KVCacheManager(32, BS)
+    admit(kv, make_request("a", range(12), salt="tenant-1"))
+    _, unsalted = admit(kv, make_request("b", range(12)))
+    _, other = admit(kv, make_request("c", range(12), salt="tenant-2"))
+    _, same = admit(kv, make_request("d", range(12), salt="tenant-1"))
+    assert (unsalted, other, same) == (0, 0, 8)
+
+
+def test_salt_enters_only_the_first_key_yet_changes_every_key():
+    kv = KVCacheManager(32, BS)
+    a, b = make_request("a", range(12)), make_request("b", range(12), salt="s")
+    admit(kv, a)
+    admit(kv, b)
+    assert all(x != y for x, y in zip(a.block_hashes, b.block_hashes))
 
 
 def test_unknown_hash_algo_is_rejected():

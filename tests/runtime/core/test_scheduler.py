@@ -103,7 +103,7 @@ def make_request(req_id, prompt, max_tokens=4, eos=None, max_model_len=128, **pa
         request_id=req_id,
         prompt_token_ids=list(prompt),
         sampling_params=SamplingParams(max_tokens=max_tokens, **params),
-        eos_token_id=eos,
+        eos_token_ids=(eos,) if isinstance(eos, int) else tuple(eos or ()),
         max_model_len=max_model_len,
     )
 

@@ -51,6 +51,32 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):
     assert llm.generate("Tell me a story:", other_seed)[0].outputs[0].token_ids != alone
 
 
+def test_seeded_n2_gives_two_different_samples_that_reproduce(llm):
+    params = SamplingParams(n=2, temperature=1.0, seed=11, max_tokens=12)
+    first = [c.token_ids for c in llm.generate("Tell me a story:", params)[0].outputs]
+    again = [c.token_ids for c in llm.generate("Tell me a story:", params)[0].outputs]
+    assert first[0] != first[1]
+    assert first == again
+
+
+def test_seeded_sampling_survives_preemption(llm, prompts):
+    seeded = SamplingParams(temperature=0.8, top_k=50, seed=2024, max_tokens=24)
+    alone = llm.generate(prompts[7], seeded)[0].outputs[0].token_ids
+    # 16 blocks of 16 cannot hold the batch (the seeded prompt alone takes
+    # 13): requests are preempted, recomputed and resume sampling.
+    tight = LLM(
+        dtype="float32",
+        max_num_batched_tokens=16,
+        max_num_seqs=8,
+        num_kv_blocks=16,
+        max_model_len=256,
+    )
+    others = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    out = tight.generate(prompts, [others] * 7 + [seeded])
+    assert tight.engine.engine_core.scheduler.make_stats().num_preemptions > 0
+    assert out[7].outputs[0].token_ids == alone
+
+
 def test_n_samples_share_the_prompt_blocks_and_differ(llm):
     prompt = "List some animals: " + "cat, dog, " * 20
     before = llm.engine.engine_core.scheduler.make_stats().prefix_cache_hits

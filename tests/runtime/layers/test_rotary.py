@@ -51,7 +51,7 @@ def test_rotated_q_and_k_equal_transformers(kind):
     q = torch.randn(t, 6, HEAD_DIM, generator=gen)
     k = torch.randn(t, 2, HEAD_DIM, generator=gen)
     ours = RotaryEmbedding(HEAD_DIM, MAX_POS, THETA, SCALINGS[kind])
-    q_rot, k_rot = ours(positions, q, k)
+    q_rot, k_rot = ours(positions, q.clone(), k.clone())
 
     cos, sin = transformers_rope(SCALINGS[kind])(q, positions[None])
     # transformers' layout: [batch, heads, tokens, head_dim].

@@ -75,9 +75,9 @@ def test_head_dim_defaults_to_hidden_over_heads_and_may_be_explicit():
     assert ModelArchConfig.from_hf_dict({**BASE, "head_dim": 32}).head_dim == 32
 
 
-def test_eos_list_keeps_its_first_id_and_overrides_apply_last():
+def test_eos_list_keeps_every_id_and_overrides_apply_last():
     cfg = ModelArchConfig.from_hf_dict({**BASE, "eos_token_id": [7, 9]}, {"num_hidden_layers": 1})
-    assert cfg.eos_token_id == 7
+    assert cfg.eos_token_ids == (7, 9)
     assert cfg.num_hidden_layers == 1
 
 

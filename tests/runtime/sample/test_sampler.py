@@ -13,7 +13,7 @@ def metadata(
     params: list[SamplingParams],
     outputs: list[list[int]] | None = None,
     prompts: list[list[int]] | None = None,
-    eos: int | None = None,
+    eos: int | tuple[int, ...] | None = None,
     vocab: int = VOCAB,
 ) -> SamplingMetadata:
     n = len(params)
@@ -23,7 +23,7 @@ def metadata(
         prompts if prompts is not None else [[1, 2, 3]] * n,
         outputs if outputs is not None else [[] for _ in range(n)],
         generators,
-        eos,
+        [(eos,) if isinstance(eos, int) else (eos or ())] * n,
         vocab,
         "cpu",
     )
@@ -171,6 +171,51 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached():
     assert out[0] not in (7, 9)
     assert out[1] == 7  # min_tokens reached: eos allowed again
     assert out[2] == 7  # ignore_eos: eos is not a stop, so it is not masked
+
+
+def test_min_tokens_masks_every_eos_id_of_the_model():
+    logits = torch.zeros(2, VOCAB)
+    logits[:, [5, 7, 8]] = torch.tensor([30.0, 20.0, 10.0])
+    params = [SamplingParams(temperature=0, min_tokens=2)] * 2
+    md = metadata(params, outputs=[[1], [1, 2]], eos=(5, 7, 8))
+    assert md.min_tokens_stop_ids == {0: [5, 7, 8]}
+    out = Sampler()(logits, md).sampled_token_ids.tolist()
+    assert out[0] not in (5, 7, 8)
+    assert out[1] == 5
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logit_bias_shifts_only_its_rows_and_tokens(logits, temperature):
+    params = [
+        SamplingParams(temperature=temperature, seed=1, logit_bias={3: 100.0}),
+        SamplingParams(temperature=temperature, seed=1),
+        SamplingParams(temperature=temperature, seed=1, logit_bias={3: -100.0, 4: 100.0}),
+    ]
+    out = Sampler()(logits[:3], metadata(params)).sampled_token_ids.tolist()
+    alone = Sampler()(logits[1:2], metadata(params[1:2])).sampled_token_ids.tolist()
+    assert out[0] == 3 and out[2] == 4
+    assert out[1] == alone[0]
+
+
+def test_logit_bias_does_not_change_the_reported_logprobs(logits):
+    params = [SamplingParams(temperature=0, logprobs=1, logit_bias={3: 100.0})]
+    out = Sampler()(logits[:1], metadata(params))
+    assert out.sampled_token_ids.item() == 3
+    expected = logits[0].log_softmax(-1)[3]
+    assert out.logprobs.top_logprobs[0, 0].item() == pytest.approx(expected.item())
+
+
+@pytest.mark.parametrize("top_p", [1e-50, 1e-30, 1e-7])
+def test_a_tiny_top_p_keeps_the_most_likely_token(logits, top_p):
+    row = logits[0]
+    drawn = draw_many(row, SamplingParams(temperature=1.0, top_p=top_p), 64)
+    assert set(drawn.tolist()) == {int(row.argmax())}
+
+
+def test_a_tiny_top_p_with_top_k_keeps_the_most_likely_token(logits):
+    row = logits[0]
+    drawn = draw_many(row, SamplingParams(temperature=1.0, top_p=1e-50, top_k=3), 64)
+    assert set(drawn.tolist()) == {int(row.argmax())}
 
 
 def test_repetition_penalty_in_the_sampler_matches_the_definition():

@@ -111,6 +111,7 @@ def test_seeded_n2_is_reproducible_and_equals_offline(client, offline_llm):
     second = client.completions.create(**kwargs)
     texts = [c.text for c in first.choices]
     assert texts == [c.text for c in second.choices]
+    assert texts[0] != texts[1]  # one seed, yet two samples: each child draws its own
     assert [c.index for c in first.choices] == [0, 1]
     ref = offline_llm.generate(
         PROMPTS[0], SamplingParams(temperature=0.9, max_tokens=12, n=2, seed=7)

@@ -1,0 +1,30 @@
+"""Layers that have a Triton kernel and a torch twin (`pagoda.kernels.ops`).
+
+Which of the two runs is decided once, when the model is loaded, not per
+call: the kernels on CUDA (unless `--no-fused-kernels`), the twins elsewhere.
+The twin in `pagoda.kernels.reference` is the only torch implementation of
+each op, so the CPU path and the kernels' test oracle cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+class CustomOp(nn.Module):
+    """A layer whose forward dispatches to a kernel or its twin (vLLM's name)."""
+
+    # False until `set_triton_kernels` says otherwise: a model built on the
+    # CPU runs the twins whatever TRITON_INTERPRET says.
+    use_triton: bool = False
+
+
+def set_triton_kernels(model: nn.Module, enabled: bool) -> int:
+    """Route every CustomOp of `model` to its Triton kernel (or to its twin);
+    returns how many layers were set."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, CustomOp):
+            module.use_triton = enabled
+            count += 1
+    return count
