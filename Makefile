@@ -39,6 +39,8 @@ test: install
 # without a CUDA device.
 bench: install
 	$(BIN)/python benchmarks/bench_scheduler.py --out .bench/scheduler.json
+	$(BIN)/python benchmarks/bench_prefix_hash.py --out .bench/prefix_hash.json
+	$(BIN)/python benchmarks/bench_layer_ops.py --out .bench/layer_ops.json
 	$(BIN)/python benchmarks/bench_offline.py --out .bench/offline.json
 	$(BIN)/python benchmarks/bench_serving.py --rounds 3 --result-file .bench/serving.json
 
