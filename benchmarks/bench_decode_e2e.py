@@ -127,7 +127,7 @@ def main() -> None:
     results = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "rows": []}
 
     llm = LLM(**common)
-    runner = llm.engine.engine_core.runner
+    runner = llm.engine.engine_core.executor.worker.runner
     weight_bytes = runner.weight_bytes
     kv_bytes_per_token = runner.kv_bytes_per_block() // runner.cache_config.block_size
     timer = StepTimer(runner)
@@ -167,7 +167,7 @@ def main() -> None:
         del llm, timer, runner
         torch.cuda.empty_cache()
         eager = LLM(**common, enforce_eager=True)
-        etimer = StepTimer(eager.engine.engine_core.runner)
+        etimer = StepTimer(eager.engine.engine_core.executor.worker.runner)
         for b in args.eager_batches:
             prompts = torch.randint(256, vocab, (b, args.prompt_len), generator=g).tolist()
             run_pagoda(eager, prompts[:1], 4)

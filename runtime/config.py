@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagoda.runtime.sampling_params import InvalidRequestError
+
+if TYPE_CHECKING:
+    from pagoda.runtime.model_config import ModelConfig
+    from pagoda.runtime.models.arch_config import ModelArchConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
@@ -38,6 +43,43 @@ class SchedulerConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How one model replica is split over processes (tensor parallelism)."""
+
+    tensor_parallel_size: int = 1
+    # torch.distributed backend: "nccl" on CUDA, "gloo" on the CPU.
+    distributed_backend: str = "gloo"
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+
+@dataclass
+class RunnerConfig:
+    """How each worker runs the model: kernels, graphs, the seed."""
+
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    cuda_graph_sizes: list[int] | None = None
+    fused_kernels: bool = True
+    seed: int = 0
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine core and its workers need, resolved once in the
+    front end (the model found, its length and dtype decided) and shipped to
+    them as is: no process resolves it again."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    runner_config: RunnerConfig
+
+
+@dataclass
 class EngineArgs:
     """Every engine option; the CLI flags are these fields with dashes."""
 
@@ -60,6 +102,9 @@ class EngineArgs:
     # is a folder holding one (vLLM's --generation-config).
     generation_config: str = "auto"
     attention_backend: str = "auto"
+    # Ranks one model is split over (one worker process each); the model's
+    # attention heads must divide by it.
+    tensor_parallel_size: int = 1
     # CUDA: replay captured graphs for decode-only steps of these batch sizes
     # (default 1, 2, 4, 8, then multiples of 16 up to max_num_seqs);
     # enforce_eager turns graphs off.
@@ -100,6 +145,11 @@ class EngineArgs:
             "prefix_caching_hash_algo",
             f"must be one of {PREFIX_CACHING_HASH_ALGOS}, got {self.prefix_caching_hash_algo!r}",
         )
+        check(
+            1 <= self.tensor_parallel_size <= 64,
+            "tensor_parallel_size",
+            f"must be in [1, 64], got {self.tensor_parallel_size}",
+        )
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
         check(self.block_size in (8, 16, 32, 64, 128), "block_size", "must be 8, 16, 32, 64 or 128")
@@ -135,4 +185,55 @@ class EngineArgs:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,
+        )
+
+    def create_engine_config(self) -> EngineConfig:
+        """Validate, find the model (metadata only) and build the one config
+        the engine runs with; errors name the offending field."""
+        from pagoda.runtime.model_loader.resolve import resolve_model_config
+
+        self.validate()
+        model_config = resolve_model_config(self)
+        parallel = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_backend="nccl" if model_config.device.type == "cuda" else "gloo",
+        )
+        check_tensor_parallel(model_config.arch, parallel.tensor_parallel_size)
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=self.cache_config(),
+            scheduler_config=self.scheduler_config(model_config.max_model_len),
+            parallel_config=parallel,
+            runner_config=RunnerConfig(
+                attention_backend=self.attention_backend,
+                enforce_eager=self.enforce_eager,
+                cuda_graph_sizes=self.cuda_graph_sizes,
+                fused_kernels=self.fused_kernels,
+                seed=self.seed,
+            ),
+        )
+
+
+def check_tensor_parallel(arch: ModelArchConfig, tp_size: int) -> None:
+    """Refuse a split the model's shape does not allow, naming both numbers.
+
+    Query heads and the MLP must divide evenly; KV heads either divide by the
+    ranks or the ranks by them (then each KV head is replicated on
+    tp_size / num_kv_heads ranks, as vLLM does).
+    """
+    if tp_size == 1:
+        return
+    problems = []
+    if arch.num_attention_heads % tp_size:
+        problems.append(f"{arch.num_attention_heads} attention heads")
+    kv = arch.num_key_value_heads
+    if kv % tp_size and tp_size % kv:
+        problems.append(f"{kv} key/value heads")
+    if arch.intermediate_size % tp_size:
+        problems.append(f"an MLP of {arch.intermediate_size}")
+    if problems:
+        raise InvalidRequestError(
+            f"tensor_parallel_size {tp_size} does not divide this model's "
+            f"{' and '.join(problems)}; choose a size that divides them",
+            param="tensor_parallel_size",
         )

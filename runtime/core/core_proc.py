@@ -39,6 +39,7 @@ from pagoda.runtime.engine.serialization import (
     ReadyInfo,
     StepExtras,
 )
+from pagoda.runtime.executor.abstract import WorkerDiedError
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ logger = logging.getLogger(__name__)
 _PARENT_POLL_MS = 500
 # How long queued outputs (notably a FAILED message) may take to leave on exit.
 _LINGER_MS = 2000
+
+
+# Put on the input queue by the executor's monitor thread.
+_EXECUTOR_FAILED = b"executor-failed"
 
 
 class _Shutdown(Exception):
@@ -100,6 +105,7 @@ class EngineCoreProc:
         out_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
         out_thread.start()
         in_thread = None
+        engine = None
         status = 0
         try:
             engine = self._start_engine(args)
@@ -120,6 +126,8 @@ class EngineCoreProc:
             status = 1
         finally:
             self._stop.set()
+            if engine is not None:
+                engine.shutdown()  # the worker processes, with tensor parallelism
             if in_thread is not None:
                 in_thread.join(timeout=_PARENT_POLL_MS / 1000 + 1)
             self.output_queue.put(None)
@@ -131,7 +139,7 @@ class EngineCoreProc:
         from pagoda.runtime.core.engine_core import EngineCore
 
         try:
-            engine = EngineCore(args)
+            engine = EngineCore(args.create_engine_config())
         except Exception as exc:
             logger.error("EngineCore failed to start: %s", exc)
             if not isinstance(exc, (ValueError, FileNotFoundError)):
@@ -152,6 +160,11 @@ class EngineCoreProc:
     def _busy_loop(self, engine) -> int:
         """Pull inputs (blocking only while idle), step, push outputs."""
         scheduler = engine.scheduler
+        # A tensor-parallel worker that dies wakes an idle loop through the
+        # queue, so the front end hears of it at once, not at the next request.
+        engine.executor.register_failure_callback(
+            lambda reason: self.input_queue.put((_EXECUTOR_FAILED, reason))
+        )
         while True:
             block = not engine.has_unfinished_requests()
             while True:
@@ -163,6 +176,8 @@ class EngineCoreProc:
                 if kind == SHUTDOWN:
                     logger.info("shutting down (requested by the front end)")
                     return 0
+                if kind == _EXECUTOR_FAILED:
+                    raise WorkerDiedError(obj)
                 if kind == ADD:
                     self._add(engine, obj)
                 elif kind == ABORT:

@@ -10,13 +10,12 @@ import gc
 import logging
 from dataclasses import dataclass
 
-from pagoda.runtime.config import EngineArgs
+from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.outputs import EngineCoreOutputs, EngineCoreRequest
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import Scheduler
-from pagoda.runtime.model_config import ModelConfig, resolve_model_config
+from pagoda.runtime.executor.abstract import Executor
 from pagoda.runtime.sampling_params import InvalidRequestError
-from pagoda.runtime.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +29,7 @@ class MemoryReport:
     num_blocks: int
     block_size: int
     max_model_len: int
+    tensor_parallel_size: int = 1
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -40,8 +40,9 @@ class MemoryReport:
         return self.kv_cache_tokens / self.max_model_len
 
     def summary(self) -> str:
+        per_rank = " per rank" if self.tensor_parallel_size > 1 else ""
         return (
-            f"weights {self.weight_bytes / 2**30:.2f} GiB; KV cache "
+            f"weights {self.weight_bytes / 2**30:.2f} GiB{per_rank}; KV cache{per_rank} "
             f"{self.kv_cache_bytes / 2**30:.2f} GiB = {self.num_blocks} blocks of "
             f"{self.block_size} = {self.kv_cache_tokens} tokens; "
             f"{self.max_concurrent_full_requests:.1f} requests of max_model_len "
@@ -50,30 +51,34 @@ class MemoryReport:
 
 
 class EngineCore:
-    def __init__(self, args: EngineArgs, model_config: ModelConfig | None = None):
-        args.validate()
-        self.args = args
-        self.model_config = model_config or resolve_model_config(args)
-        cache_config = args.cache_config()
-        sched_config = args.scheduler_config(self.model_config.max_model_len)
-        self.runner = ModelRunner(
-            self.model_config,
-            cache_config,
-            sched_config,
-            args.attention_backend,
-            args.seed,
-            enforce_eager=args.enforce_eager,
-            cuda_graph_sizes=args.cuda_graph_sizes,
-            fused_kernels=args.fused_kernels,
-        )
-        self.runner.load_model()
-        num_blocks = self.runner.determine_num_blocks()
+    """Scheduler + executor: one step is schedule -> execute -> update."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = config.model_config
+        self.executor = Executor.create(config)
+        try:
+            self._init_kv_cache(config)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        logger.info("Memory: %s", self.memory.summary())
+        # Start-up objects (weights' metadata, the block pool's thousands of
+        # blocks) live forever: move them out of the collector's reach so
+        # full collections in the step loop stay short (as vLLM does).
+        gc.collect()
+        gc.freeze()
+
+    def _init_kv_cache(self, config: EngineConfig) -> None:
+        num_blocks = self.executor.determine_num_blocks()
+        mem = self.executor.memory_info()
         self.memory = MemoryReport(
-            weight_bytes=self.runner.weight_bytes,
-            kv_cache_bytes=num_blocks * self.runner.kv_bytes_per_block(),
+            weight_bytes=mem.weight_bytes,
+            kv_cache_bytes=num_blocks * mem.kv_bytes_per_block,
             num_blocks=num_blocks,
-            block_size=cache_config.block_size,
+            block_size=config.cache_config.block_size,
             max_model_len=self.model_config.max_model_len,
+            tensor_parallel_size=config.parallel_config.world_size,
         )
         if self.memory.kv_cache_tokens < self.model_config.max_model_len:
             flag = (
@@ -87,14 +92,8 @@ class EngineCore:
                 "or lower --max-model-len",
                 param="max_model_len",
             )
-        self.runner.init_kv_cache(num_blocks)
-        self.scheduler = Scheduler(sched_config, cache_config, num_blocks)
-        logger.info("Memory: %s", self.memory.summary())
-        # Start-up objects (weights' metadata, the block pool's thousands of
-        # blocks) live forever: move them out of the collector's reach so
-        # full collections in the step loop stay short (as vLLM does).
-        gc.collect()
-        gc.freeze()
+        self.executor.initialize_kv_cache(num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.scheduler.add_request(
@@ -122,5 +121,9 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
         sched_out = self.scheduler.schedule()
-        runner_out = self.runner.execute_model(sched_out)
+        runner_out = self.executor.execute_model(sched_out)
         return self.scheduler.update_from_output(sched_out, runner_out)
+
+    def shutdown(self) -> None:
+        """Stop the workers (their processes, with tensor parallelism)."""
+        self.executor.shutdown()

@@ -117,12 +117,10 @@ class AsyncLLM:
         log_level: str = "INFO",
     ) -> AsyncLLM:
         """Start the EngineCore process and load the tokenizer meanwhile."""
-        from pagoda.runtime.model_config import resolve_model_config
-
         args.validate()
         # Resolving reads only metadata (fast) and raises, naming the field,
         # before a process is spawned for a model that does not exist.
-        model_config = resolve_model_config(args)
+        model_config = args.create_engine_config().model_config
         client = EngineCoreClient(args, num_threads=num_threads, log_level=log_level)
         try:
             tok_src = model_config.tokenizer

@@ -22,7 +22,7 @@ from pagoda.runtime.sampling_params import SamplingParams
 
 class LLMEngine:
     def __init__(self, args: EngineArgs):
-        self.engine_core = EngineCore(args)
+        self.engine_core = EngineCore(args.create_engine_config())
         mc = self.engine_core.model_config
         self.model_config = mc
         self.tokenizer = load_tokenizer(*mc.tokenizer) if mc.tokenizer else None
@@ -76,6 +76,10 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism); idempotent."""
+        self.engine_core.shutdown()
 
     def step(self) -> list[RequestOutput]:
         processed = self.output_processor.process_outputs(self.engine_core.step())

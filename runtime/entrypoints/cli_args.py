@@ -39,6 +39,7 @@ _HELP = {
     "hf_overrides": "JSON object of model-config fields to override",
     "enforce_eager": "CUDA: never replay CUDA graphs",
     "cuda_graph_sizes": "CUDA: decode batch sizes to capture, comma-separated",
+    "tensor_parallel_size": "ranks (GPUs, or CPU processes) one model replica is split over",
     "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.

@@ -1,17 +1,22 @@
-"""Linear layers written for tensor parallelism.
+"""Linear layers for tensor parallelism (Megatron-LM's split, as vLLM has it).
 
-Each layer knows how its weight is split across `tp_size` ranks and loads its
-own shard (`weight_loader`), so turning on tensor parallelism means passing a
-rank and size and adding the collective in `RowParallelLinear`, not rewriting
-the model. Fused layers (QKV, gate-up) load each checkpoint tensor into its
-slice of the fused weight. LoRA wraps these layers later: each keeps the
-`input_size`/`output_size` of its local shard for that reason.
+Each layer knows how its weight is split over the ranks of its
+`TensorParallelGroup` and loads its own shard (`weight_loader`, which reads
+only that shard of a lazy safetensors tensor). Column-parallel layers split
+the output features and need no communication; the row-parallel layer that
+follows splits the input features and all-reduces its partial sums. A
+transformer block therefore costs two all-reduces (after attention's output
+projection and after the MLP's down projection). Fused layers (QKV, gate-up)
+load each checkpoint tensor into its slice of the fused weight. LoRA wraps
+these layers: each keeps the `input_size`/`output_size` of its local shard.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
+from pagoda.runtime.model_loader.weights import Weight, copy_weight, shard
 from torch import nn
 
 
@@ -21,14 +26,14 @@ class LinearBase(nn.Module):
         input_size: int,
         output_size: int,
         bias: bool = False,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        tp: TensorParallelGroup | None = None,
     ):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
+        self.tp = tp or TensorParallelGroup.single()
+        self.tp_rank = self.tp.rank
+        self.tp_size = self.tp.world_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -37,66 +42,59 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
-def _copy(param: torch.Tensor, loaded: torch.Tensor) -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(
-            f"weight shape mismatch: expected {tuple(param.shape)}, got {tuple(loaded.shape)}"
-        )
-    param.copy_(loaded)
-
-
-def _shard(loaded: torch.Tensor, dim: int, full: int, rank: int, size: int) -> torch.Tensor:
-    """This rank's `size` slice of the checkpoint's whole tensor along `dim`.
-
-    The whole tensor must have `full` entries there: narrow() alone would
-    truncate a larger tensor silently, or fail obscurely on a smaller one."""
-    if loaded.shape[dim] != full:
-        raise ValueError(
-            f"weight shape mismatch: expected {full} along dim {dim}, got {tuple(loaded.shape)}"
-        )
-    return loaded.narrow(dim, rank * size, size)
-
-
 class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        _copy(param.data, loaded)
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
+        copy_weight(param.data, loaded)
 
 
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks: y_local = x @ W[rank rows]^T."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_rank=0, tp_size=1):
-        assert output_size % tp_size == 0, "output size must divide by tp_size"
-        super().__init__(input_size, output_size // tp_size, bias, tp_rank, tp_size)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp: TensorParallelGroup | None = None,
+    ):
+        tp = tp or TensorParallelGroup.single()
+        assert output_size % tp.world_size == 0, "output size must divide by tp_size"
+        super().__init__(input_size, output_size // tp.world_size, bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         size = param.shape[0]
-        _copy(param.data, _shard(loaded, 0, size * self.tp_size, self.tp_rank, size))
+        copy_weight(param.data, shard(loaded, 0, size * self.tp_size, self.tp_rank, size))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of one input fused into one matmul
     (gate and up of the MLP). `shard_id` is the index of the part."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias=False, tp_rank=0, tp_size=1):
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        tp: TensorParallelGroup | None = None,
+    ):
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias, tp_rank, tp_size)
+        super().__init__(input_size, sum(output_sizes), bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         assert shard_id is not None, "a fused layer loads one part at a time"
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         part = param.data.narrow(0, offset, size)
-        _copy(part, _shard(loaded, 0, self.output_sizes[shard_id], self.tp_rank, size))
+        copy_weight(part, shard(loaded, 0, self.output_sizes[shard_id], self.tp_rank, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -110,9 +108,10 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_heads: int,
         num_kv_heads: int,
         bias: bool = False,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        tp: TensorParallelGroup | None = None,
     ):
+        tp = tp or TensorParallelGroup.single()
+        tp_size = tp.world_size
         self.head_size = head_size
         self.num_heads = num_heads // tp_size
         self.num_kv_heads = max(1, num_kv_heads // tp_size)
@@ -120,9 +119,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.total_num_heads = num_heads
         self.total_num_kv_heads = num_kv_heads
         total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
-        super().__init__(hidden_size, total, bias, tp_rank, tp_size)
+        super().__init__(hidden_size, total, bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         kv_full = self.total_num_kv_heads * self.head_size
@@ -137,25 +136,35 @@ class QKVParallelLinear(ColumnParallelLinear):
             full = kv_full
         else:
             raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
-        _copy(param.data.narrow(0, offset, size), _shard(loaded, 0, full, rank, size))
+        copy_weight(param.data.narrow(0, offset, size), shard(loaded, 0, full, rank, size))
 
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; the partial sums are all-reduced
     (a no-op at tp_size 1, where this is the only rank)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_rank=0, tp_size=1):
-        assert input_size % tp_size == 0, "input size must divide by tp_size"
-        super().__init__(input_size // tp_size, output_size, bias, tp_rank, tp_size)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp: TensorParallelGroup | None = None,
+    ):
+        tp = tp or TensorParallelGroup.single()
+        assert input_size % tp.world_size == 0, "input size must divide by tp_size"
+        super().__init__(input_size // tp.world_size, output_size, bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         if param.dim() == 1:  # the bias is added once, after the reduction
-            _copy(param.data, loaded)
+            copy_weight(param.data, loaded)
             return
         size = param.shape[1]
-        _copy(param.data, _shard(loaded, 1, size * self.tp_size, self.tp_rank, size))
+        copy_weight(param.data, shard(loaded, 1, size * self.tp_size, self.tp_rank, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.linear(x, self.weight, self.bias)
-        raise NotImplementedError("tensor parallelism needs a process group (not built yet)")
+        # Each rank holds a slice of the input features: sum the partial
+        # products, then add the bias once.
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

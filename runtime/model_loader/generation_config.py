@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from pagoda.runtime.model_config import GenerationConfig
 from pagoda.runtime.models.arch_config import token_id_tuple
 from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
 
@@ -31,15 +31,6 @@ SAMPLING_KEYS = {
     "repetition_penalty": "repetition_penalty",
     "max_new_tokens": "max_tokens",
 }
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """What generation_config.json contributes: extra EOS ids and defaults
-    for the sampling fields a request leaves unset."""
-
-    eos_token_ids: tuple[int, ...] = ()
-    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
 
 def parse_generation_config(raw: dict, source: str = FILE_NAME) -> GenerationConfig:

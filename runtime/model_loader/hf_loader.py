@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from pagoda.runtime.model_loader.weights import LazyWeight, Weight
 from pagoda.runtime.models.arch_config import ModelArchConfig
 
 
@@ -31,14 +32,16 @@ def weight_files(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors or *.bin weights in {folder}")
 
 
-def iter_hf_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_weights(files: list[Path]) -> Iterator[tuple[str, Weight]]:
+    """(name, tensor) for every checkpoint tensor. safetensors tensors come
+    lazily: each weight loader reads only the shard its rank keeps."""
     from safetensors import safe_open
 
     for path in files:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                    yield name, f.get_tensor(name)
+                    yield name, LazyWeight(f.get_slice(name))
         else:
             # weights_only: a checkpoint must not be able to run code on load.
             state = torch.load(path, map_location="cpu", weights_only=True)

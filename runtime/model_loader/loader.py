@@ -7,10 +7,11 @@ import sys
 import time
 
 import torch
+from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader.gguf_loader import count_gguf_tensors, iter_gguf_weights
 from pagoda.runtime.model_loader.hf_loader import iter_hf_weights, weight_files
-from pagoda.runtime.model_loader.random_loader import init_random_weights
+from pagoda.runtime.model_loader.random_loader import iter_random_weights
 from pagoda.runtime.models.llama import LlamaForCausalLM
 from torch import nn
 
@@ -26,30 +27,37 @@ def _progress(iterable, total: int | None, desc: str):
     return tqdm(iterable, total=total, desc=desc, unit="tensor", leave=False)
 
 
-def load_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
-    """Instantiate the model on its device in its dtype and load weights."""
+def load_model(
+    cfg: ModelConfig,
+    seed: int = 0,
+    tp: TensorParallelGroup | None = None,
+    device: torch.device | None = None,
+) -> nn.Module:
+    """Instantiate the model in its dtype on `device` (default: the config's)
+    and load this rank's shard of every weight."""
     start = time.perf_counter()
+    device = device or cfg.device
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
     try:
-        with cfg.device:
-            model = LlamaForCausalLM(cfg.arch)
+        with device:
+            model = LlamaForCausalLM(cfg.arch, tp)
     finally:
         torch.set_default_dtype(default_dtype)
 
+    total = None
     if cfg.source == "random":
-        init_random_weights(model, seed)
+        weights = iter_random_weights(cfg.arch, seed, device)
+    elif cfg.source == "gguf":
+        # GGUF tensors are quantized: dequantized whole, then each rank slices.
+        weights = iter_gguf_weights(cfg.path, cfg.arch)
+        total = count_gguf_tensors(cfg.path)
     else:
-        if cfg.source == "gguf":
-            weights = iter_gguf_weights(cfg.path, cfg.arch)
-            total = count_gguf_tensors(cfg.path)
-        else:
-            weights = iter_hf_weights(weight_files(cfg.path))
-            total = None
-        loaded = model.load_weights(_progress(weights, total, f"Loading {cfg.model}"))
-        missing = set(dict(model.named_parameters())) - loaded
-        if missing:
-            raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
+        weights = iter_hf_weights(weight_files(cfg.path))
+    loaded = model.load_weights(_progress(weights, total, f"Loading {cfg.model}"))
+    missing = set(dict(model.named_parameters())) - loaded
+    if missing:
+        raise ValueError(f"checkpoint lacks weights for: {', '.join(sorted(missing)[:8])}")
     model.eval()
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     logger.info(
@@ -57,7 +65,9 @@ def load_model(cfg: ModelConfig, seed: int = 0) -> nn.Module:
         cfg.model,
         cfg.source,
         str(cfg.dtype).removeprefix("torch."),
-        cfg.device,
+        device
+        if tp is None or tp.world_size == 1
+        else f"{device} (rank {tp.rank}/{tp.world_size})",
         nbytes / 2**30,
         time.perf_counter() - start,
     )

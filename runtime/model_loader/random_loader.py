@@ -3,8 +3,11 @@ on the machine: same shapes and FLOPs as the real model, meaningless tokens."""
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterator
+
 import torch
-from torch import nn
+from pagoda.runtime.models.arch_config import ModelArchConfig
 
 # Shapes of well-known models, so a benchmark needs no config file.
 PRESETS: dict[str, dict] = {
@@ -54,18 +57,51 @@ PRESETS: dict[str, dict] = {
 }
 
 
-@torch.no_grad()
-def init_random_weights(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Fill every parameter in place: norms with ones, the rest N(0, std)."""
-    generators: dict[torch.device, torch.Generator] = {}
-    for name, param in model.named_parameters():
+def checkpoint_shapes(arch: ModelArchConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Hugging Face Llama-family checkpoint of this shape holds."""
+    h, inter, hd = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    q, kv = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h)}
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+        if arch.attention_bias:
+            for name, size in (("q", q), ("k", kv), ("v", kv)):
+                shapes[p + f"self_attn.{name}_proj.bias"] = (size,)
+    shapes["model.norm.weight"] = (h,)
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, h)
+    return shapes
+
+
+def iter_random_weights(
+    arch: ModelArchConfig, seed: int, device: torch.device, std: float = 0.02
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A random checkpoint: norms ones, the rest N(0, std).
+
+    Each whole tensor is drawn from a generator seeded by (seed, its name), so
+    the weights depend on the seed alone, not on the tensor-parallel split:
+    every rank draws the same tensor and keeps its shard, and TP=2 computes
+    what TP=1 computes. Drawn on the model's device: an 8B model drawn on the
+    CPU and copied over takes minutes.
+    """
+    gen = torch.Generator(device)
+    for name, shape in checkpoint_shapes(arch).items():
         if "norm" in name:
-            param.fill_(1.0)
+            yield name, torch.ones(shape, device=device)
             continue
-        # Draw on the parameter's own device: an 8B model drawn on the CPU
-        # and copied over takes minutes.
-        gen = generators.get(param.device)
-        if gen is None:
-            gen = generators[param.device] = torch.Generator(param.device).manual_seed(seed)
-        sample = torch.randn(param.shape, generator=gen, device=param.device, dtype=torch.float32)
-        param.copy_(sample.mul_(std).to(param.dtype))
+        gen.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+        sample = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+        yield name, sample.mul_(std)

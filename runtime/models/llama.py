@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 from pagoda.runtime.attention.backend import AttentionMetadata
+from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers.activation import SiluAndMul
 from pagoda.runtime.layers.attention import Attention
 from pagoda.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -22,6 +23,7 @@ from pagoda.runtime.layers.linear import (
     RowParallelLinear,
 )
 from pagoda.runtime.layers.rotary import RotaryEmbedding
+from pagoda.runtime.model_loader.weights import Weight, copy_weight
 from pagoda.runtime.models.arch_config import ModelArchConfig
 from torch import nn
 
@@ -30,13 +32,14 @@ class LlamaAttention(nn.Module):
     def __init__(
         self,
         cfg: ModelArchConfig,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        tp: TensorParallelGroup | None = None,
         rotary_emb: RotaryEmbedding | None = None,
     ):
         super().__init__()
+        tp_size = tp.world_size if tp is not None else 1
         self.head_dim = cfg.head_dim
         self.num_heads = cfg.num_attention_heads // tp_size
+        # Fewer KV heads than ranks: each rank keeps (a replica of) one.
         self.num_kv_heads = max(1, cfg.num_key_value_heads // tp_size)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -46,11 +49,10 @@ class LlamaAttention(nn.Module):
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             bias=cfg.attention_bias,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
+            tp=tp,
         )
         self.o_proj = RowParallelLinear(
-            cfg.num_attention_heads * self.head_dim, cfg.hidden_size, False, tp_rank, tp_size
+            cfg.num_attention_heads * self.head_dim, cfg.hidden_size, False, tp
         )
         self.rotary_emb = rotary_emb if rotary_emb is not None else _rotary(cfg)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
@@ -77,14 +79,12 @@ def _rotary(cfg: ModelArchConfig) -> RotaryEmbedding:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelArchConfig, tp: TensorParallelGroup | None = None):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            cfg.hidden_size, [cfg.intermediate_size] * 2, False, tp_rank, tp_size
+            cfg.hidden_size, [cfg.intermediate_size] * 2, False, tp
         )
-        self.down_proj = RowParallelLinear(
-            cfg.intermediate_size, cfg.hidden_size, False, tp_rank, tp_size
-        )
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,13 +95,12 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(
         self,
         cfg: ModelArchConfig,
-        tp_rank: int = 0,
-        tp_size: int = 1,
+        tp: TensorParallelGroup | None = None,
         rotary_emb: RotaryEmbedding | None = None,
     ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, tp_rank, tp_size, rotary_emb)
-        self.mlp = LlamaMLP(cfg, tp_rank, tp_size)
+        self.self_attn = LlamaAttention(cfg, tp, rotary_emb)
+        self.mlp = LlamaMLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -123,16 +122,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelArchConfig, tp: TensorParallelGroup | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(
-            cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size
-        )
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         # One cos/sin cache for all layers: it is [max_position, head_dim]
         # floats, 64 MiB per copy for Llama 3.1's 131072 positions.
         rotary = _rotary(cfg)
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(cfg, tp_rank, tp_size, rotary) for _ in range(cfg.num_hidden_layers)]
+            [LlamaDecoderLayer(cfg, tp, rotary) for _ in range(cfg.num_hidden_layers)]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -159,11 +156,11 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelArchConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelArchConfig, tp: TensorParallelGroup | None = None):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, tp_rank, tp_size)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size)
+        self.model = LlamaModel(cfg, tp)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 
@@ -172,7 +169,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits over the whole vocabulary on the first TP rank; None on the others."""
         return self.lm_head.compute_logits(hidden)
 
     def attention_layers(self) -> list[Attention]:
@@ -207,7 +205,7 @@ class LlamaForCausalLM(nn.Module):
             param = params[name]
             loader = getattr(param, "weight_loader", _default_loader)
             with torch.no_grad():
-                loader(param, tensor.to(param.dtype), shard_id)
+                loader(param, tensor, shard_id)
             if shard_id is None:
                 loaded.add(name)
             else:
@@ -236,9 +234,5 @@ def _layer_index(name: str) -> int:
     return -1
 
 
-def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(
-            f"weight shape mismatch: expected {tuple(param.shape)}, got {tuple(loaded.shape)}"
-        )
-    param.data.copy_(loaded)
+def _default_loader(param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
+    copy_weight(param.data, loaded)

@@ -8,10 +8,10 @@ import numpy as np
 import torch
 from pagoda.runtime.attention.backend import AttentionMetadata, kv_cache_shape
 from pagoda.runtime.attention.selector import select_backend
-from pagoda.runtime.config import CacheConfig, SchedulerConfig
+from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers.custom_op import set_triton_kernels
-from pagoda.runtime.model_config import ModelConfig
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
 from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
@@ -24,31 +24,31 @@ _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, step) pa
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensors and the persistent batch."""
+    """One rank's model, KV cache tensors, persistent batch and sampler.
 
-    def __init__(
-        self,
-        model_config: ModelConfig,
-        cache_config: CacheConfig,
-        scheduler_config: SchedulerConfig,
-        attention_backend: str = "auto",
-        seed: int = 0,
-        enforce_eager: bool = False,
-        cuda_graph_sizes: list[int] | None = None,
-        fused_kernels: bool = True,
-    ):
-        self.model_config = model_config
-        self.cache_config = cache_config
-        self.scheduler_config = scheduler_config
-        self.device = model_config.device
-        self.dtype = model_config.dtype
-        self.seed = seed
+    The worker decides the device, the process group and how many KV blocks
+    fit; this class turns each step's `SchedulerOutput` into inputs, runs the
+    forward and (on the first tensor-parallel rank only) samples.
+    """
+
+    def __init__(self, config: EngineConfig, device: torch.device, tp: TensorParallelGroup):
+        self.config = config
+        self.model_config = config.model_config
+        self.cache_config = config.cache_config
+        self.scheduler_config = config.scheduler_config
+        runner = config.runner_config
+        self.device = device
+        self.tp = tp
+        self.dtype = self.model_config.dtype
+        self.seed = runner.seed
         # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
         # would run, but orders of magnitude slower than the torch twins.
-        self.use_triton_kernels = fused_kernels and self.device.type == "cuda"
-        self.backend = select_backend(attention_backend, self.device)
+        self.use_triton_kernels = runner.fused_kernels and device.type == "cuda"
+        self.backend = select_backend(runner.attention_backend, device)
         self.batch = InputBatch(
-            scheduler_config.max_num_seqs, model_config.max_model_len, cache_config.block_size
+            self.scheduler_config.max_num_seqs,
+            self.model_config.max_model_len,
+            self.cache_config.block_size,
         )
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
@@ -57,17 +57,22 @@ class ModelRunner:
         # Graphs need kernels that never sync with the host: the Triton
         # backend's; the torch backend decides its work from host tensors.
         self.use_cuda_graphs = (
-            self.device.type == "cuda" and self.backend.name == "triton" and not enforce_eager
+            device.type == "cuda" and self.backend.name == "triton" and not runner.enforce_eager
         )
-        self.cuda_graph_sizes = cuda_graph_sizes or default_capture_sizes(
-            scheduler_config.max_num_seqs
+        self.cuda_graph_sizes = runner.cuda_graph_sizes or default_capture_sizes(
+            self.scheduler_config.max_num_seqs
         )
         self.graph_runner: CudaGraphRunner | None = None
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank stores (a replica of one when they are fewer than the ranks)."""
+        return max(1, self.model_config.arch.num_key_value_heads // self.tp.world_size)
 
     # ---- set-up -------------------------------------------------------
     def load_model(self) -> None:
         torch.manual_seed(self.seed)
-        self.model = load_model(self.model_config, self.seed)
+        self.model = load_model(self.model_config, self.seed, self.tp, self.device)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         for layer in self.model.attention_layers():
             layer.backend = self.backend
@@ -75,27 +80,13 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         a = self.model_config.arch
-        per_token = 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim
+        per_token = 2 * a.num_hidden_layers * self.num_kv_heads * a.head_dim
         return per_token * self.cache_config.block_size * self.dtype.itemsize
 
-    def determine_num_blocks(self) -> int:
-        """Blocks that fit the memory budget: on CUDA what is left of
-        `gpu_memory_utilization` of the device after weights and a profiling
-        forward at the full token budget; on the CPU `kv_cache_memory_gib`."""
-        if self.cache_config.num_kv_blocks is not None:
-            return self.cache_config.num_kv_blocks
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            peak = self._profile_peak_memory()
-            used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-            budget = total * self.cache_config.gpu_memory_utilization - peak - used_by_others
-        else:
-            budget = self.cache_config.kv_cache_memory_gib * 2**30
-        return max(0, int(budget // self.kv_bytes_per_block()))
-
     @torch.inference_mode()
-    def _profile_peak_memory(self) -> int:
-        torch.cuda.reset_peak_memory_stats(self.device)
+    def profile_run(self) -> None:
+        """One forward at the full token budget (and the LM head for a full
+        batch), so the worker can measure the activations' peak memory."""
         n = min(self.scheduler_config.max_num_batched_tokens, self.model_config.max_model_len)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         positions = torch.arange(n, device=self.device)
@@ -105,22 +96,19 @@ class ModelRunner:
         bs = self.cache_config.block_size
         blocks = -(-n // bs)
         scratch = torch.zeros(
-            kv_cache_shape(blocks, bs, a.num_key_value_heads, a.head_dim),
+            kv_cache_shape(blocks, bs, self.num_kv_heads, a.head_dim),
             dtype=self.dtype,
             device=self.device,
         )
         for layer in self.model.attention_layers():
             layer.kv_cache = scratch
         meta = self._metadata_for_single(n, blocks)
-        hidden = self.model(ids, positions, meta)
-        self.model.compute_logits(hidden[-self.scheduler_config.max_num_seqs :])
-        for layer, cache in zip(self.model.attention_layers(), saved):
-            layer.kv_cache = cache
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        del scratch, hidden
-        torch.cuda.empty_cache()
-        return peak
+        try:
+            hidden = self.model(ids, positions, meta)
+            self.model.compute_logits(hidden[-self.scheduler_config.max_num_seqs :])
+        finally:
+            for layer, cache in zip(self.model.attention_layers(), saved):
+                layer.kv_cache = cache
 
     def _metadata_for_single(self, n: int, blocks: int) -> AttentionMetadata:
         qsl = torch.tensor([0, n], dtype=torch.int32)
@@ -139,10 +127,12 @@ class ModelRunner:
             seq_lens_cpu=seq,
         )
 
-    def init_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate every layer's cache, bind it, and capture the CUDA graphs
+        (they read the caches, so they come after)."""
         a = self.model_config.arch
         shape = kv_cache_shape(
-            num_blocks, self.cache_config.block_size, a.num_key_value_heads, a.head_dim
+            num_blocks, self.cache_config.block_size, self.num_kv_heads, a.head_dim
         )
         self.kv_caches = []
         for layer in self.model.attention_layers():
@@ -150,14 +140,13 @@ class ModelRunner:
             layer.kv_cache = cache
             self.kv_caches.append(cache)
         if self.use_cuda_graphs:
-            a = self.model_config.arch
             self.graph_runner = CudaGraphRunner(
                 self.model,
                 self.backend,
                 [s for s in self.cuda_graph_sizes if s <= self.scheduler_config.max_num_seqs],
                 self.batch.block_table.shape[1],
                 self.model_config.max_model_len,
-                a.num_key_value_heads,
+                self.num_kv_heads,
                 self.device,
             )
             self.graph_runner.capture()
@@ -256,8 +245,25 @@ class ModelRunner:
             device=self.device,
         )
 
+    def record_sampled_tokens(self, sampled_token_ids: dict[str, list[int]]) -> None:
+        """Append tokens another rank sampled (rank 0 samples for the group):
+        the other ranks learn them with the next step, before its changes,
+        which is where rank 0 appended them."""
+        rows, tokens = [], []
+        index = self.batch.index
+        for req_id, token_ids in sampled_token_ids.items():
+            row = index.get(req_id)
+            if row is not None:
+                assert len(token_ids) == 1, "one token per request and step"
+                rows.append(row)
+                tokens.append(token_ids[0])
+        if rows:
+            self.batch.append_sampled(np.asarray(rows, dtype=np.int64), tokens)
+
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run one step; the sampled tokens, or None on a rank that does not
+        sample (every rank takes part in the forward and the logits gather)."""
         self._update_batch(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
@@ -268,7 +274,10 @@ class ModelRunner:
             hidden = self.model(ids, pos, meta)
         if not sample_req_ids:
             return ModelRunnerOutput(sampled_token_ids={})
-        logits = self.model.compute_logits(hidden[logits_idx]).float()
+        logits = self.model.compute_logits(hidden[logits_idx])
+        if logits is None:
+            return None
+        logits = logits.float()
         sampling = self._sampling_metadata(sample_rows)
         out = self.sampler(logits, sampling)
         tokens = out.sampled_token_ids.tolist()

@@ -22,7 +22,6 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "beyond this many waiting requests, answer 503 + Retry-After (0: no limit)",
     ),
     ("drain-timeout", float, 30.0, "SIGTERM: seconds to let in-flight requests finish"),
-    ("tensor-parallel-size", int, 1, "GPUs per model replica (only 1 for now)"),
     ("num-threads", int, None, "torch CPU threads of the engine core (default: torch's)"),
 ]
 
@@ -41,11 +40,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig]:
     """Validated (engine args, server config); bad values raise ValueError naming the flag."""
-    if ns.tensor_parallel_size != 1:
-        raise ValueError(
-            f"--tensor-parallel-size {ns.tensor_parallel_size} is not supported yet: "
-            "this runtime serves one GPU (or the CPU) per replica; use 1"
-        )
     if not 0 < ns.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {ns.port}")
     if ns.drain_timeout < 0:

@@ -105,7 +105,7 @@ def test_the_cpu_engine_never_enables_the_kernels(smollm2_gguf):
     from pagoda.runtime.entrypoints.llm import LLM
 
     llm = LLM(dtype="float32", max_model_len=128, hf_overrides={"num_hidden_layers": 1})
-    runner = llm.engine.engine_core.runner
+    runner = llm.engine.engine_core.executor.worker.runner
     assert runner.use_triton_kernels is False
     assert not any(m.use_triton for m in runner.model.modules() if isinstance(m, CustomOp))
 
@@ -119,7 +119,7 @@ def test_a_model_through_the_kernels_gives_the_twins_greedy_tokens(smollm2_gguf)
     llm = LLM(dtype="float32", max_model_len=128, hf_overrides={"num_hidden_layers": 2})
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     twins = llm.generate("The capital of France is", params)[0].outputs[0].token_ids
-    set_triton_kernels(llm.engine.engine_core.runner.model, True)
+    set_triton_kernels(llm.engine.engine_core.executor.worker.runner.model, True)
     fused = llm.generate("The capital of France is", params)[0].outputs[0].token_ids
     assert fused == twins
 
@@ -130,4 +130,4 @@ def test_cuda_engine_follows_the_fused_kernels_flag(smollm2_gguf, fused):
     from pagoda.runtime.entrypoints.llm import LLM
 
     llm = LLM(max_model_len=128, fused_kernels=fused, hf_overrides={"num_hidden_layers": 1})
-    assert llm.engine.engine_core.runner.use_triton_kernels is fused
+    assert llm.engine.engine_core.executor.worker.runner.use_triton_kernels is fused

@@ -4,6 +4,7 @@ unfused projection's output lands, on one rank and split over ranks."""
 import pytest
 import torch
 import torch.nn.functional as F
+from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -56,7 +57,9 @@ def test_qkv_split_over_ranks_gives_each_rank_its_heads(heads, kv_heads, tp_size
     q, k, v = F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)
     q_per, kv_per = heads // tp_size, max(1, kv_heads // tp_size)
     for rank in range(tp_size):
-        layer = QKVParallelLinear(HIDDEN, HEAD, heads, kv_heads, tp_rank=rank, tp_size=tp_size)
+        layer = QKVParallelLinear(
+            HIDDEN, HEAD, heads, kv_heads, tp=TensorParallelGroup(rank, tp_size)
+        )
         for shard, w in (("q", wq), ("k", wk), ("v", wv)):
             load(layer, shard, w)
         # KV heads fewer than ranks are replicated: rank r reads KV head
@@ -75,7 +78,9 @@ def test_gate_up_fused_output_is_gate_then_up(tp_size):
     x = randn(4, HIDDEN, seed=2)
     per = inter // tp_size
     for rank in range(tp_size):
-        layer = MergedColumnParallelLinear(HIDDEN, [inter, inter], tp_rank=rank, tp_size=tp_size)
+        layer = MergedColumnParallelLinear(
+            HIDDEN, [inter, inter], tp=TensorParallelGroup(rank, tp_size)
+        )
         load(layer, 1, up)
         load(layer, 0, gate)
         rows = slice(rank * per, (rank + 1) * per)
@@ -86,7 +91,7 @@ def test_gate_up_fused_output_is_gate_then_up(tp_size):
 def test_row_parallel_ranks_take_their_input_columns():
     w = randn(HIDDEN, 8)
     for rank in range(2):
-        layer = RowParallelLinear(8, HIDDEN, tp_rank=rank, tp_size=2)
+        layer = RowParallelLinear(8, HIDDEN, tp=TensorParallelGroup(rank, 2))
         load(layer, None, w)
         torch.testing.assert_close(layer.weight, w[:, rank * 4 : (rank + 1) * 4], rtol=0, atol=0)
 

@@ -3,7 +3,7 @@ the operator's `hf://org/name` models reach the runtime), never downloading."""
 
 import pytest
 from pagoda.runtime.config import EngineArgs
-from pagoda.runtime.model_config import hf_cache_snapshot, resolve_model_config
+from pagoda.runtime.model_loader.resolve import hf_cache_snapshot, resolve_model_config
 from pagoda.runtime.sampling_params import InvalidRequestError
 from transformers import LlamaConfig
 

@@ -32,7 +32,7 @@ def test_graph_replay_gives_the_same_greedy_tokens_as_eager(prompts):
             max_model_len=512,
             max_num_seqs=16,
         )
-        runner = llm.engine.engine_core.runner
+        runner = llm.engine.engine_core.executor.worker.runner
         assert (runner.graph_runner is None) == eager
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         del llm

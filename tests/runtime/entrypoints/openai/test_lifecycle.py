@@ -73,7 +73,7 @@ def test_refuses_to_start_when_one_request_cannot_fit(smollm2_available, tmp_pat
     assert not [p for p in tmp_path.rglob("*") if p.is_socket() or p.name.startswith("pagoda-")]
 
 
-def test_tensor_parallel_above_one_is_refused_clearly():
+def test_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_clearly():
     proc = subprocess.run(
         [
             sys.executable,
@@ -88,7 +88,9 @@ def test_tensor_parallel_above_one_is_refused_clearly():
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "--tensor-parallel-size 2 is not supported" in proc.stderr
+    # SmolLM2 has 9 attention heads and 3 KV heads: 2 ranks cannot split them.
+    assert "tensor_parallel_size 2 does not divide" in proc.stderr
+    assert "9 attention heads" in proc.stderr and "3 key/value heads" in proc.stderr
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(start_server):
