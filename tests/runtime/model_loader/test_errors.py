@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 from pagoda.runtime.config import EngineArgs
-from pagoda.runtime.model_loader.resolve import resolve_model_config
 from pagoda.runtime.model_loader.loader import load_model
+from pagoda.runtime.model_loader.resolve import resolve_model_config
 from pagoda.runtime.sampling_params import InvalidRequestError
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, MistralConfig

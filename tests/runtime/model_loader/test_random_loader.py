@@ -5,9 +5,9 @@ import torch
 from pagoda.runtime.attention.backend import kv_cache_shape
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 from pagoda.runtime.config import EngineArgs
-from pagoda.runtime.model_loader.resolve import resolve_model_config
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.model_loader.random_loader import PRESETS
+from pagoda.runtime.model_loader.resolve import resolve_model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,8 +14,8 @@ def load_pagoda_model(**engine_args):
     layer bound to the torch backend (no cache yet: see `bind_kv_cache`)."""
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
     from pagoda.runtime.config import EngineArgs
-    from pagoda.runtime.model_loader.resolve import resolve_model_config
     from pagoda.runtime.model_loader.loader import load_model
+    from pagoda.runtime.model_loader.resolve import resolve_model_config
 
     cfg = resolve_model_config(EngineArgs(dtype="float32", device="cpu", **engine_args))
     model = load_model(cfg)
