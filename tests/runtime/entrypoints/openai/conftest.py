@@ -111,6 +111,23 @@ class ServerProcess:
         self.proc.kill()
         raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
 
+    def descendants(self) -> list[int]:
+        """Every process below the server (engine core, workers, trackers)."""
+        found, todo = [], [self.proc.pid]
+        while todo:
+            for child in child_pids(todo.pop()):
+                found.append(child)
+                todo.append(child)
+        return found
+
+    @staticmethod
+    def wait_gone(pids: list[int], timeout: float) -> list[int]:
+        """Wait up to `timeout` s for `pids` to end; returns those still alive."""
+        deadline = time.monotonic() + timeout
+        while any(map(pid_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [p for p in pids if pid_alive(p)]
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
