@@ -6,6 +6,7 @@ package does not import Triton.
 """
 
 from pagoda.kernels.ops import (
+    add_lora,
     paged_attention,
     reshape_and_cache,
     rms_norm,
@@ -15,6 +16,7 @@ from pagoda.kernels.ops import (
 )
 
 __all__ = [
+    "add_lora",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

@@ -145,3 +145,24 @@ def rotary_embedding(
         rotary_embedding_triton(positions, query, key, cos_sin_cache)
     else:
         reference.rotary_embedding_ref(positions, query, key, cos_sin_cache)
+
+
+def add_lora(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    token_slots: torch.Tensor,
+    slot_width: int,
+    *,
+    triton: bool | None = None,
+) -> torch.Tensor:
+    """Add each token's LoRA delta to `y` [T, out] in place (see
+    `pagoda.kernels.lora`): x [T, in]; lora_a [L*R, in]; lora_b [out, L*R];
+    token_slots int64 [T], -1 for tokens of the base model."""
+    if _triton(triton, x):
+        from pagoda.kernels.lora import lora_expand_triton, lora_shrink_triton
+
+        shrunk = lora_shrink_triton(x, lora_a, token_slots, slot_width)
+        return lora_expand_triton(shrunk, lora_b, token_slots, slot_width, y)
+    return reference.add_lora_ref(y, x, lora_a, lora_b, token_slots, slot_width)

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["LLM", "EngineArgs", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineArgs", "LoRARequest", "RequestOutput", "SamplingParams"]
 
 if TYPE_CHECKING:
     from pagoda.runtime.config import EngineArgs
     from pagoda.runtime.entrypoints.llm import LLM
+    from pagoda.runtime.lora.request import LoRARequest
     from pagoda.runtime.outputs import RequestOutput
     from pagoda.runtime.sampling_params import SamplingParams
 
 _LOCATIONS = {
     "LLM": "pagoda.runtime.entrypoints.llm",
+    "LoRARequest": "pagoda.runtime.lora.request",
     "EngineArgs": "pagoda.runtime.config",
     "RequestOutput": "pagoda.runtime.outputs",
     "SamplingParams": "pagoda.runtime.sampling_params",

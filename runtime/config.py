@@ -40,6 +40,21 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 4096
     max_model_len: int = 8192
+    # Distinct LoRA adapters one step may hold; 0 when LoRA is off.
+    max_loras: int = 0
+
+
+@dataclass
+class LoRAConfig:
+    """Multi-LoRA serving (vLLM's flags)."""
+
+    # Adapters active in one batch (each takes a slot in every projection).
+    max_loras: int = 4
+    # Largest rank an adapter may have; slots are this wide.
+    max_lora_rank: int = 16
+    # Adapters kept loaded in host memory; least recently used beyond this
+    # are dropped (and reloaded from their folder when needed again).
+    max_cpu_loras: int = 8
 
 
 @dataclass
@@ -77,6 +92,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     runner_config: RunnerConfig
+    lora_config: LoRAConfig | None = None
 
 
 @dataclass
@@ -102,6 +118,13 @@ class EngineArgs:
     # is a folder holding one (vLLM's --generation-config).
     generation_config: str = "auto"
     attention_backend: str = "auto"
+    # Multi-LoRA: adapters are loaded at run time (load_lora_adapter, or the
+    # adapters file) and selected per request by name.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    # Default: twice max_loras.
+    max_cpu_loras: int | None = None
     # Ranks one model is split over (one worker process each); the model's
     # attention heads must divide by it.
     tensor_parallel_size: int = 1
@@ -150,6 +173,17 @@ class EngineArgs:
             "tensor_parallel_size",
             f"must be in [1, 64], got {self.tensor_parallel_size}",
         )
+        check(1 <= self.max_loras <= 64, "max_loras", "must be in [1, 64]")
+        check(
+            self.max_lora_rank in (8, 16, 32, 64, 128, 256),
+            "max_lora_rank",
+            "must be one of 8, 16, 32, 64, 128, 256",
+        )
+        check(
+            self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras,
+            "max_cpu_loras",
+            f"must be at least max_loras ({self.max_loras})",
+        )
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be at least 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be at least 1")
         check(self.block_size in (8, 16, 32, 64, 128), "block_size", "must be 8, 16, 32, 64 or 128")
@@ -185,6 +219,16 @@ class EngineArgs:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=max_model_len,
+            max_loras=self.max_loras if self.enable_lora else 0,
+        )
+
+    def lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras or 2 * self.max_loras,
         )
 
     def create_engine_config(self) -> EngineConfig:
@@ -211,6 +255,7 @@ class EngineArgs:
                 fused_kernels=self.fused_kernels,
                 seed=self.seed,
             ),
+            lora_config=self.lora_config(),
         )
 
 

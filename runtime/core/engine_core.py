@@ -15,6 +15,7 @@ from pagoda.runtime.core.outputs import EngineCoreOutputs, EngineCoreRequest
 from pagoda.runtime.core.request import Request
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.executor.abstract import Executor
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -105,10 +106,21 @@ class EngineCore:
                 max_model_len=self.model_config.max_model_len,
                 arrival_time=req.arrival_time,
                 priority=req.priority,
-                cache_extra_keys=req.cache_extra_keys,
+                # The adapter changes every layer's KV: its id keys every block,
+                # so the same prompt under two adapters never shares blocks.
+                cache_extra_keys=req.cache_extra_keys
+                + ((("lora", req.lora_request.lora_int_id),) if req.lora_request else ()),
                 cache_salt=req.cache_salt,
+                lora_request=req.lora_request,
             )
         )
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter on every worker (raises AdapterError, changing nothing)."""
+        self.executor.collective_rpc("add_lora", (lora_request,))
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        self.executor.collective_rpc("remove_lora", (lora_int_id,))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.request import FinishReason
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -28,6 +29,7 @@ class EngineCoreRequest:
     # Enters the first block's prefix-cache key only (vLLM's cache_salt): the
     # chain makes every later block differ too.
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
 
 
 @dataclass

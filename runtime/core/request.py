@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -66,6 +67,7 @@ class Request:
     priority: int = 0
     cache_extra_keys: tuple = ()
     cache_salt: str | None = None
+    lora_request: LoRARequest | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -83,6 +85,11 @@ class Request:
         wanted = self.sampling_params.max_tokens
         # Generation ends at max_model_len whatever max_tokens asks.
         self.max_tokens = budget if wanted is None else min(wanted, budget)
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_tokens(self) -> int:

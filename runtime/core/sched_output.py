@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import TokenLogprobs
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import SamplingParams
 
 
@@ -29,6 +30,7 @@ class NewRequestData:
     eos_token_ids: tuple[int, ...]
     block_ids: list[int]
     num_computed_tokens: int
+    lora_request: LoRARequest | None = None
 
 
 @dataclass

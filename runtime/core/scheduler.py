@@ -80,6 +80,11 @@ class Scheduler:
             )
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.lora_int_id and not self.scheduler_config.max_loras:
+            raise InvalidRequestError(
+                "this engine serves no LoRA adapters (start it with --enable-lora)",
+                param="model",
+            )
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -187,14 +192,32 @@ class Scheduler:
     ) -> int:
         kv = self.kv_cache_manager
         waiting = self.waiting
+        max_loras = self.scheduler_config.max_loras
+        active_loras = (
+            {r.lora_int_id for r in self.running if r.lora_int_id} if max_loras else set()
+        )
+        # Requests passed over this step for want of a LoRA slot, in order.
+        passed: list[Request] = []
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = waiting[0]
+            lora_id = request.lora_int_id
+            if lora_id and (
+                passed or (lora_id not in active_loras and len(active_loras) >= max_loras)
+            ):
+                # A step holds at most max_loras adapters. FCFS across
+                # adapters: once an older request waits for a slot, later
+                # adapter requests wait behind it (they would keep the slots
+                # busy forever); base-model requests, which need no slot, go on.
+                passed.append(waiting.popleft())
+                continue
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)
             block_ids = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
             if block_ids is None:
                 break  # FCFS: nobody overtakes the head of the queue
             waiting.popleft()
+            if lora_id:
+                active_loras.add(lora_id)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens < 0:
@@ -209,11 +232,13 @@ class Scheduler:
                     eos_token_ids=request.eos_token_ids,
                     block_ids=block_ids,
                     num_computed_tokens=num_hit,
+                    lora_request=request.lora_request,
                 )
             )
             num_scheduled[request.request_id] = num_new
             request.num_computed_tokens = num_hit + num_new
             budget -= num_new
+        waiting.extendleft(reversed(passed))
         return budget
 
     def _preempt(self, request: Request) -> None:

@@ -16,8 +16,9 @@ from pagoda.runtime.engine.processor import (
     resolve_eos_token_ids,
 )
 from pagoda.runtime.engine.tokenizer import load_tokenizer
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.outputs import RequestOutput
-from pagoda.runtime.sampling_params import SamplingParams
+from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
 
 
 class LLMEngine:
@@ -32,6 +33,7 @@ class LLMEngine:
         log_generation_setup(eos, self.default_sampling_params)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+        self._loras: dict[int, LoRARequest] = {}
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
@@ -54,7 +56,10 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
+        if lora_request is not None:
+            self.add_lora(lora_request)
         token_ids, core_req = self.processor.process(
             request_id,
             prompt,
@@ -62,6 +67,7 @@ class LLMEngine:
             prompt_token_ids=prompt_token_ids,
             add_special_tokens=add_special_tokens,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         text = prompt if isinstance(prompt, str) else None
         for child_id, child_params in self.output_processor.add_request(
@@ -70,6 +76,25 @@ class LLMEngine:
             self.engine_core.add_request(
                 dataclasses.replace(core_req, request_id=child_id, sampling_params=child_params)
             )
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Load an adapter on the workers once per `lora_int_id`; raises
+        AdapterError (or InvalidRequestError with LoRA off) on a bad folder."""
+        known = self._loras.get(lora_request.lora_int_id)
+        if known == lora_request:
+            return
+        if known is not None:
+            raise InvalidRequestError(
+                f"lora_int_id {lora_request.lora_int_id} already names adapter "
+                f"{known.lora_name!r} at {known.lora_path}; give other weights another id",
+                param="lora_request",
+            )
+        self.engine_core.add_lora(lora_request)
+        self._loras[lora_request.lora_int_id] = lora_request
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        self._loras.pop(lora_int_id, None)
+        self.engine_core.remove_lora(lora_int_id)
 
     def abort_request(self, request_id: str) -> None:
         self.engine_core.abort_requests(self.output_processor.abort_request(request_id))

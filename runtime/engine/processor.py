@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from pagoda.runtime.core.outputs import EngineCoreRequest
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class InputProcessor:
         prompt_token_ids: list[int] | None = None,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[list[int], EngineCoreRequest]:
         """Return (prompt token ids, the request for the engine core).
 
@@ -117,6 +119,7 @@ class InputProcessor:
             eos_token_ids=self.eos_token_ids,
             priority=priority,
             cache_salt=cache_salt,
+            lora_request=lora_request,
         )
         if arrival_time is not None:
             req.arrival_time = arrival_time

@@ -40,6 +40,10 @@ _HELP = {
     "enforce_eager": "CUDA: never replay CUDA graphs",
     "cuda_graph_sizes": "CUDA: decode batch sizes to capture, comma-separated",
     "tensor_parallel_size": "ranks (GPUs, or CPU processes) one model replica is split over",
+    "enable_lora": "serve LoRA adapters (loaded at run time, chosen per request by name)",
+    "max_loras": "LoRA adapters active in one batch",
+    "max_lora_rank": "largest LoRA rank accepted (8, 16, 32, 64, 128 or 256)",
+    "max_cpu_loras": "LoRA adapters kept loaded in host memory (default: 2 x max_loras)",
     "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.engine.llm_engine import LLMEngine
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.outputs import RequestOutput
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -37,24 +38,30 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         add_special_tokens: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in the order given.
 
-        Every request is validated before any is submitted, so one bad prompt
-        or parameter raises (naming the field) and nothing runs.
+        `lora_request` runs every prompt (or, as a list, each prompt) with an
+        adapter (`enable_lora=True`). Every request is validated, and every
+        adapter loaded, before any is submitted, so one bad prompt, parameter
+        or adapter raises (naming the field) and nothing runs.
         """
         prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = _as_params_list(sampling_params, len(prompts))
+        loras = _as_lora_list(lora_request, len(prompts))
         token_ids = [
             self.engine.validate(prompt, p, add_special_tokens)
             for prompt, p in zip(prompts, params)
         ]
+        for lora in dict.fromkeys(x for x in loras if x is not None):
+            self.engine.add_lora(lora)
         ids = []
-        for prompt, p, toks in zip(prompts, params, token_ids):
+        for prompt, p, toks, lora in zip(prompts, params, token_ids, loras):
             rid = self.engine.next_request_id()
-            self.engine.add_request(rid, prompt, p, prompt_token_ids=toks)
+            self.engine.add_request(rid, prompt, p, prompt_token_ids=toks, lora_request=lora)
             ids.append(rid)
         return self._run(ids, use_tqdm)
 
@@ -66,6 +73,7 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         use_tqdm: bool = False,
         add_special_tokens: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them.
 
@@ -85,7 +93,7 @@ class LLM:
             )
             for conv in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm, add_special_tokens)
+        return self.generate(prompts, sampling_params, use_tqdm, add_special_tokens, lora_request)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         wanted = set(request_ids)
@@ -119,6 +127,15 @@ def _as_prompt_list(prompts) -> list:
     if isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int):
         return [list(prompts)]
     return list(prompts)
+
+
+def _as_lora_list(lora, n: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * n
+    lora = list(lora)
+    if len(lora) != n:
+        raise ValueError(f"got {len(lora)} LoRA requests for {n} prompts")
+    return lora
 
 
 def _as_params_list(params, n: int) -> list[SamplingParams]:

@@ -163,6 +163,7 @@ class MultiprocExecutor(Executor):
         would otherwise leave the others blocked in a collective."""
         wanted = list(ranks)
         results: dict[int, Any] = {}
+        raised: list[BaseException] = []
         conn_rank = {id(conn): rank for rank, conn in enumerate(self.pipes)}
         watched = [*self.pipes, *(p.sentinel for p in self.procs)]
         while len(results) < len(wanted):
@@ -174,7 +175,9 @@ class MultiprocExecutor(Executor):
                 if rank is None:
                     continue  # a sentinel: handled below, after any error report
                 status, payload = _recv(item)
-                if status != "ok":
+                if status == "raise":  # a refused call, not a failed worker
+                    raised.append(payload)
+                elif status != "ok":
                     self._fail(f"tensor-parallel worker {rank} failed: {payload}")
                 # Only awaited ranks answer "ok" (the others speak only to fail).
                 results[rank] = payload
@@ -184,6 +187,8 @@ class MultiprocExecutor(Executor):
                     f"tensor-parallel worker {dead[0]} died "
                     f"(exit code {self.procs[dead[0]].exitcode})"
                 )
+        if raised:
+            raise raised[0]
         return [results[rank] for rank in wanted]
 
     def _all_alive(self) -> bool:
@@ -263,6 +268,7 @@ def worker_main(
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s Worker_TP{rank} %(name)s: %(message)s",
     )
+    from pagoda.runtime.sampling_params import InvalidRequestError
     from pagoda.runtime.worker.worker import Worker
 
     alive = parent_alive(parent_pid)
@@ -286,7 +292,12 @@ def worker_main(
                     pipe.send(("ok", output))
             elif kind == _RPC:
                 _, method, args, kwargs = message
-                pipe.send(("ok", getattr(worker, method)(*args, **kwargs)))
+                try:
+                    pipe.send(("ok", getattr(worker, method)(*args, **kwargs)))
+                except InvalidRequestError as exc:
+                    # The caller's mistake (a bad adapter folder): raised
+                    # there, and this worker serves on.
+                    pipe.send(("raise", exc))
             elif kind == _SHUTDOWN:
                 break
     except BroadcastTimeout:

@@ -24,6 +24,7 @@ class CachedRequestState:
     generator: torch.Generator | None
     eos_token_ids: tuple[int, ...] = ()
     block_ids: list[int] = field(default_factory=list)
+    lora_int_id: int = 0  # 0: the base model
 
 
 class InputBatch:
@@ -39,6 +40,7 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.block_table = np.zeros((max_num_reqs, max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
+        self.lora_ids = np.zeros(max_num_reqs, dtype=np.int64)
         self.states: list[CachedRequestState] = []
         self.index: dict[str, int] = {}
 
@@ -53,6 +55,7 @@ class InputBatch:
         self.num_tokens[row] = len(tokens)
         self.num_computed_tokens[row] = num_computed_tokens
         self.num_blocks[row] = 0
+        self.lora_ids[row] = state.lora_int_id
         self.states.append(state)
         self.index[state.req_id] = row
         self.append_blocks(row, state.block_ids)
@@ -79,6 +82,7 @@ class InputBatch:
             self.num_tokens[row] = n
             self.num_blocks[row] = nb
             self.num_computed_tokens[row] = self.num_computed_tokens[last]
+            self.lora_ids[row] = self.lora_ids[last]
         self.states.pop()
 
     def append_sampled(self, rows: np.ndarray, token_ids: list[int]) -> None:

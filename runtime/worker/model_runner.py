@@ -12,9 +12,12 @@ from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers.custom_op import set_triton_kernels
+from pagoda.runtime.lora.manager import LoRAManager
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
 from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
+from pagoda.runtime.sampling_params import InvalidRequestError
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner, default_capture_sizes
 from pagoda.runtime.worker.input_batch import CachedRequestState, InputBatch
 
@@ -63,6 +66,9 @@ class ModelRunner:
             self.scheduler_config.max_num_seqs
         )
         self.graph_runner: CudaGraphRunner | None = None
+        self.lora_manager: LoRAManager | None = None
+        # lora_int_id -> the request that named it (where to reload it from).
+        self.lora_requests: dict[int, LoRARequest] = {}
 
     @property
     def num_kv_heads(self) -> int:
@@ -77,6 +83,26 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.backend = self.backend
         set_triton_kernels(self.model, self.use_triton_kernels)
+        if self.config.lora_config is not None:
+            self.lora_manager = LoRAManager(
+                self.model,
+                self.config.lora_config,
+                self.model_config.arch,
+                use_triton=self.use_triton_kernels,
+            )
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        if self.lora_manager is None:
+            raise InvalidRequestError(
+                "this engine serves no LoRA adapters (start it with --enable-lora)",
+                param="lora_path",
+            )
+        self.lora_manager.add_adapter(lora_request)
+        self.lora_requests[lora_request.lora_int_id] = lora_request
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        self.lora_requests.pop(lora_int_id, None)
+        return self.lora_manager is not None and self.lora_manager.remove_adapter(lora_int_id)
 
     def kv_bytes_per_block(self) -> int:
         a = self.model_config.arch
@@ -169,7 +195,10 @@ class ModelRunner:
                 generator=gen,
                 eos_token_ids=new.eos_token_ids,
                 block_ids=list(new.block_ids),
+                lora_int_id=new.lora_request.lora_int_id if new.lora_request else 0,
             )
+            if new.lora_request is not None:
+                self.lora_requests[new.lora_request.lora_int_id] = new.lora_request
             self.batch.add(state, new.num_computed_tokens)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, computed in zip(
@@ -220,9 +249,24 @@ class ModelRunner:
         )
         ids = torch.from_numpy(input_ids.astype(np.int64)).to(dev, non_blocking=True)
         pos = torch.from_numpy(positions).to(dev, non_blocking=True)
+        if self.lora_manager is not None:
+            self._set_lora_mapping(rows, num_sched)
         sample_rows = rows[samples]
         sample_req_ids = [r for r, s in zip(req_ids, samples.tolist()) if s]
         return ids, pos, meta, torch.from_numpy(logits_indices).to(dev), sample_rows, sample_req_ids
+
+    def _set_lora_mapping(self, rows: np.ndarray, num_scheduled: np.ndarray) -> None:
+        """Give each adapter of the step a slot and every token its slot (-1:
+        base model); no mapping at all when no request of the step has one."""
+        lora_ids = self.batch.lora_ids[rows]
+        if not lora_ids.any():
+            self.lora_manager.set_token_slots(None)
+            return
+        unique, inverse = np.unique(lora_ids, return_inverse=True)
+        slot_of = self.lora_manager.prepare([self.lora_requests[int(i)] for i in unique if i != 0])
+        unique_slots = np.array([slot_of.get(int(i), -1) for i in unique], dtype=np.int64)
+        token_slots = np.repeat(unique_slots[inverse], num_scheduled)
+        self.lora_manager.set_token_slots(torch.from_numpy(token_slots).to(self.device))
 
     def _sampling_metadata(self, sample_rows: np.ndarray) -> SamplingMetadata:
         states = [self.batch.states[r] for r in sample_rows.tolist()]
@@ -268,7 +312,9 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
         ids, pos, meta, logits_idx, sample_rows, sample_req_ids = self._prepare_inputs(so)
-        if self.graph_runner is not None and self.graph_runner.can_run(meta):
+        # Graphs are captured without adapters: a step with one runs eagerly.
+        no_lora = self.lora_manager is None or self.lora_manager.batch.token_slots is None
+        if self.graph_runner is not None and no_lora and self.graph_runner.can_run(meta):
             hidden = self.graph_runner.run(ids, pos, meta)
         else:
             hidden = self.model(ids, pos, meta)

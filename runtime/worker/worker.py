@@ -92,6 +92,12 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         return self.runner.execute_model(scheduler_output)
 
+    def add_lora(self, lora_request) -> None:
+        self.runner.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.runner.remove_lora(lora_int_id)
+
     def record_sampled_tokens(self, sampled_token_ids: dict[str, list[int]]) -> None:
         self.runner.record_sampled_tokens(sampled_token_ids)
 

@@ -1,0 +1,1 @@
+"""Multi-LoRA serving: PEFT adapters applied per token in mixed batches."""
