@@ -23,6 +23,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -64,7 +65,10 @@ class EngineCoreClient:
         log_level: str = "INFO",
         heartbeat_timeout: float | None = 10.0,
         step_timeout: float | None = 300.0,
+        process_target: Callable[..., None] = run_engine_core,
     ):
+        """`process_target` is the core process's entry point (tests swap in
+        one with a fault injected)."""
         self.args = args
         self.heartbeat_timeout = heartbeat_timeout
         self.step_timeout = step_timeout
@@ -88,7 +92,7 @@ class EngineCoreClient:
         # and must not hand a half-initialised torch to the child.
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
-            target=run_engine_core,
+            target=process_target,
             args=(args, self.input_addr, self.output_addr, os.getpid(), num_threads, log_level),
             name="EngineCore",
             daemon=True,

@@ -9,7 +9,16 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pagoda.runtime.entrypoints.openai.protocol import ErrorResponse
+from pagoda.runtime.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorResponse,
+    TokenizeRequest,
+)
+
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
 def _error(description: str, headers: dict | None = None) -> dict[str, Any]:
@@ -54,7 +63,25 @@ def install_openapi(app: FastAPI) -> None:
             components = schema.get("components", {}).get("schemas", {})
             for unused in ("HTTPValidationError", "ValidationError"):
                 components.pop(unused, None)
+            for model in REQUEST_MODELS:
+                if model.__name__ in components:
+                    _restore_exact_bounds(components[model.__name__], model.model_json_schema())
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def _restore_exact_bounds(generated: Any, exact: Any) -> None:
+    """FastAPI's OpenAPI model stores bounds as floats, which turns int64's
+    limits into 2**63 (out of range by one); put pydantic's integers back.
+    Both trees come from the same pydantic schema, so they match in shape."""
+    if isinstance(generated, dict) and isinstance(exact, dict):
+        for key, value in generated.items():
+            if key in _BOUNDS and isinstance(exact.get(key), int):
+                generated[key] = exact[key]
+            elif key in exact:
+                _restore_exact_bounds(value, exact[key])
+    elif isinstance(generated, list) and isinstance(exact, list):
+        for g, e in zip(generated, exact):
+            _restore_exact_bounds(g, e)
