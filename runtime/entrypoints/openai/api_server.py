@@ -124,7 +124,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         }
 
-    @app.get("/health", responses={503: COMMON_ERRORS[503]})
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={200: {"description": "ready (empty body)"}, 503: COMMON_ERRORS[503]},
+    )
     async def health() -> Response:
         if engine.is_dead or state.engine_dead:
             return error_response("the engine is not running", 503)
@@ -138,7 +142,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
 
         return {"version": dist_version("pagoda")}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text exposition format"}},
+    )
     async def prometheus_metrics() -> Response:
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
