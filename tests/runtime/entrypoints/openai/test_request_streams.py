@@ -196,6 +196,22 @@ async def test_a_duplicate_request_id_keeps_the_first_requests_outputs(engine):
     await assert_nothing_left(engine)
 
 
+# -- requests that can never fit -------------------------------------------------------------
+
+
+async def test_samples_that_can_never_share_the_kv_cache_are_a_permanent_400(engine):
+    info = engine.client.info
+    capacity = info.num_kv_blocks * info.block_size
+    n = capacity // 900 + 2  # each sample may grow to 900 tokens: n of them never fit
+    with pytest.raises(InvalidRequestError, match="KV cache") as refused:
+        await engine.add_request("huge", "Hello", SamplingParams(n=n, max_tokens=900))
+    assert refused.value.param == "n"
+    # The same samples, shorter, fit: accepted.
+    handle = await engine.add_request("fits", "Hello", SamplingParams(n=n, max_tokens=2))
+    assert (await collect(engine, handle))[-1].finished
+    await assert_nothing_left(engine)
+
+
 # -- head-of-line blocking -----------------------------------------------------------------
 
 
