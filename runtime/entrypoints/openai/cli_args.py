@@ -19,7 +19,8 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "max-waiting-requests",
         int,
         1024,
-        "beyond this many waiting requests, answer 503 + Retry-After (0: no limit)",
+        "beyond this many waiting requests, answer 503 + Retry-After; a request that "
+        "alone has more sequences gets 400 (0: no limit)",
     ),
     (
         "max-request-body-bytes",

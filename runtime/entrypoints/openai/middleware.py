@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 
 from pagoda.runtime.entrypoints.openai.errors import error_response
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,8 @@ class ServerMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # gone while its body was read: nobody to answer
         except Exception as exc:
             logger.exception("unexpected error in %s %s", scope["method"], scope["path"])
             if started:
