@@ -14,6 +14,8 @@ MAX_COUNT = 2**31 - 1
 # OpenAI's limits: n in [1, 128], logit_bias values in [-100, 100].
 MAX_N = 128
 MAX_LOGIT_BIAS = 100.0
+# Alternatives returned per position (OpenAI's top_logprobs limit).
+MAX_LOGPROBS = 20
 # At most this many entries in a request's list fields (stop strings, stop ids,
 # logit_bias): each costs work on the hot path, so an unbounded list is a DoS.
 MAX_LIST_LEN = 1024
@@ -140,9 +142,10 @@ class SamplingParams:
             f"must be a 64-bit signed integer, got {self.seed!r}",
         )
         check(
-            self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            self.logprobs is None
+            or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
             "logprobs",
-            f"must be in [0, 20], got {self.logprobs!r}",
+            f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
         )
         check(
             len(self.stop) <= MAX_LIST_LEN and all(isinstance(s, str) and s for s in self.stop),
@@ -168,7 +171,9 @@ class SamplingParams:
     def for_child(self, index: int) -> SamplingParams:
         """Parameters of the index-th of `n` samples: one sample each, and
         distinct seeds so seeded `n>1` requests do not repeat one sample."""
-        seed = None if self.seed is None else self.seed + index
+        # Wrap within int64: seed INT64_MAX with n=2 must not overflow the
+        # child's seed (it crosses the process boundary as a 64-bit integer).
+        seed = None if self.seed is None else (self.seed + index - INT64_MIN) % 2**64 + INT64_MIN
         return replace(self, n=1, seed=seed)
 
 

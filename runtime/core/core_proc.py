@@ -10,10 +10,19 @@ as a FAILED message (with the error text) before the process exits non-zero,
 so the API server can say what went wrong; SIGTERM or a SHUTDOWN message end
 the loop cleanly; if the parent disappears (SIGKILLed), the input thread
 notices and the process exits rather than live on as an orphan.
+
+No thread dies silently: any exception in the input thread (a malformed
+frame, say) or the output thread fails the whole engine, with FAILED when the
+output path still works and by exiting the process otherwise. A fourth,
+tiny thread sends a HEARTBEAT every second carrying how long the busy loop
+has been in its current iteration, so the front end notices a core that went
+silent (frozen, IO dead) within seconds and one stuck in a step after its
+step timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -31,15 +40,16 @@ from pagoda.runtime.engine.serialization import (
     ABORT,
     ADD,
     FAILED,
+    HEARTBEAT,
     OUTPUTS,
     READY,
     SHUTDOWN,
     CoreInputDecoder,
     Encoder,
+    Heartbeat,
     ReadyInfo,
     StepExtras,
 )
-from pagoda.runtime.executor.abstract import WorkerDiedError
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +57,15 @@ logger = logging.getLogger(__name__)
 _PARENT_POLL_MS = 500
 # How long queued outputs (notably a FAILED message) may take to leave on exit.
 _LINGER_MS = 2000
-
-
-# Put on the input queue by the executor's monitor thread.
-_EXECUTOR_FAILED = b"executor-failed"
+HEARTBEAT_INTERVAL_S = 1.0
+# Bounded queues: a stalled consumer holds back its producer (and, through
+# ZMQ's high-water marks, the API server) instead of growing memory. The input
+# side is drained completely every iteration; the output side holds steps.
+_INPUT_QUEUE_SIZE = 4096
+_OUTPUT_QUEUE_SIZE = 256
+# An IO thread failed and the main thread did not end the process in this
+# long (stuck in a step): exit anyway.
+_FATAL_EXIT_S = 5.0
 
 
 class _Shutdown(Exception):
@@ -93,10 +108,14 @@ class EngineCoreProc:
         self.input_addr = input_addr
         self.output_addr = output_addr
         self.parent_pid = parent_pid
-        self.input_queue: queue.Queue = queue.Queue()
-        self.output_queue: queue.Queue = queue.Queue()
+        self.input_queue: queue.Queue = queue.Queue(_INPUT_QUEUE_SIZE)
+        self.output_queue: queue.Queue = queue.Queue(_OUTPUT_QUEUE_SIZE)
         self.ctx = zmq.Context()
         self._stop = threading.Event()
+        # Set by an IO thread that failed: the busy loop raises it.
+        self._fatal: str | None = None
+        # When the busy loop began its current iteration (heartbeats report it).
+        self._iteration_start = time.monotonic()
         # Requests not yet scheduled: their first scheduling time is reported
         # once (queue-time metric).
         self._unscheduled: set[str] = set()
@@ -116,13 +135,16 @@ class EngineCoreProc:
                     target=self._input_loop, name="core-input", daemon=True
                 )
                 in_thread.start()
+                threading.Thread(
+                    target=self._heartbeat_loop, name="core-heartbeat", daemon=True
+                ).start()
                 status = self._busy_loop(engine)
         except _Shutdown:
             logger.info("shutting down (SIGTERM)")
         except Exception as exc:
             # Die visibly: the traceback in the log, the reason to the front end.
             logger.exception("EngineCore died")
-            self.output_queue.put((FAILED, f"EngineCore died: {exc!r}".encode()))
+            self._put_output((FAILED, f"EngineCore died: {exc}".encode()), wait=False)
             status = 1
         finally:
             self._stop.set()
@@ -130,10 +152,36 @@ class EngineCoreProc:
                 engine.shutdown()  # the worker processes, with tensor parallelism
             if in_thread is not None:
                 in_thread.join(timeout=_PARENT_POLL_MS / 1000 + 1)
-            self.output_queue.put(None)
+            self._put_output(None, wait=False)
             out_thread.join(timeout=_LINGER_MS / 1000 + 1)
             self.ctx.destroy(linger=_LINGER_MS)
         return status
+
+    def _put_output(self, item, wait: bool = True) -> None:
+        """Queue an output; while the queue is full, wait (back-pressure)
+        unless an IO thread failed. `wait=False` (on the way out) gives up
+        after a moment rather than block the exit."""
+        deadline = None if wait else time.monotonic() + 1.0
+        while True:
+            try:
+                self.output_queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                if self._fatal is not None and wait:
+                    raise RuntimeError(self._fatal) from None
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+
+    def _fail(self, reason: str) -> None:
+        """An IO thread failed: make the busy loop raise, and make sure the
+        process ends even if the loop never comes back from its step."""
+        logger.error("%s", reason)
+        self._fatal = reason
+        with contextlib.suppress(queue.Full):
+            self.input_queue.put_nowait((None, None))  # wakes an idle loop
+        timer = threading.Timer(_FATAL_EXIT_S, os._exit, (1,))
+        timer.daemon = True
+        timer.start()
 
     def _start_engine(self, args: EngineArgs):
         from pagoda.runtime.core.engine_core import EngineCore
@@ -160,24 +208,31 @@ class EngineCoreProc:
     def _busy_loop(self, engine) -> int:
         """Pull inputs (blocking only while idle), step, push outputs."""
         scheduler = engine.scheduler
-        # A tensor-parallel worker that dies wakes an idle loop through the
-        # queue, so the front end hears of it at once, not at the next request.
-        engine.executor.register_failure_callback(
-            lambda reason: self.input_queue.put((_EXECUTOR_FAILED, reason))
-        )
+        # A tensor-parallel worker that dies fails the loop like a failed IO
+        # thread: an idle loop sees it within a second, not at the next request.
+        engine.executor.register_failure_callback(self._fail)
         while True:
+            self._iteration_start = time.monotonic()
+            if self._fatal is not None:
+                raise RuntimeError(self._fatal)
             block = not engine.has_unfinished_requests()
             while True:
                 try:
-                    kind, obj = self.input_queue.get(block=block)
+                    # Idle: wake now and then, so a failed IO thread is seen.
+                    kind, obj = self.input_queue.get(block=block, timeout=1.0 if block else None)
                 except queue.Empty:
+                    if block:
+                        self._iteration_start = time.monotonic()
+                        if self._fatal is not None:
+                            raise RuntimeError(self._fatal) from None
+                        continue
                     break
                 block = False
+                if kind is None:
+                    raise RuntimeError(self._fatal or "an IO thread failed")
                 if kind == SHUTDOWN:
                     logger.info("shutting down (requested by the front end)")
                     return 0
-                if kind == _EXECUTOR_FAILED:
-                    raise WorkerDiedError(obj)
                 if kind == ADD:
                     self._add(engine, obj)
                 elif kind == ABORT:
@@ -186,7 +241,7 @@ class EngineCoreProc:
             step_start = time.monotonic()
             outputs = engine.step()
             scheduled = self._newly_scheduled(scheduler, step_start)
-            self.output_queue.put((OUTPUTS, outputs, StepExtras(scheduled)))
+            self._put_output((OUTPUTS, outputs, StepExtras(scheduled)))
 
     def _add(self, engine, req) -> None:
         from pagoda.runtime.core.outputs import EngineCoreOutput
@@ -198,7 +253,7 @@ class EngineCoreProc:
             # The front end validated already; a refusal here (duplicate id)
             # must still finish that request rather than leave it hanging.
             logger.warning("refused request %s: %s", req.request_id, exc)
-            self.output_queue.put(
+            self._put_output(
                 (
                     OUTPUTS,
                     EngineCoreOutputs(
@@ -232,17 +287,31 @@ class EngineCoreProc:
         try:
             while not self._stop.is_set():
                 if not poller.poll(_PARENT_POLL_MS):
-                    if os.getppid() != self.parent_pid:
-                        logger.error("the API server process is gone; exiting")
-                        self.input_queue.put((SHUTDOWN, None))
+                    if self._parent_gone():
                         return
                     continue
-                self.input_queue.put(decoder.decode(sock.recv_multipart()))
-        except zmq.ZMQError:
+                message = decoder.decode(sock.recv_multipart())
+                while not self._stop.is_set():
+                    try:
+                        self.input_queue.put(message, timeout=_PARENT_POLL_MS / 1000)
+                        break
+                    except queue.Full:
+                        if self._parent_gone():
+                            return
+        except Exception as exc:
             if not self._stop.is_set():
-                raise
+                logger.exception("EngineCore input thread failed")
+                self._fail(f"EngineCore input thread failed: {exc!r}")
         finally:
             sock.close(linger=0)
+
+    def _parent_gone(self) -> bool:
+        if os.getppid() == self.parent_pid:
+            return False
+        logger.error("the API server process is gone; exiting")
+        with contextlib.suppress(queue.Full):
+            self.input_queue.put_nowait((SHUTDOWN, None))
+        return True
 
     def _output_loop(self) -> None:
         sock = self.ctx.socket(zmq.PUSH)
@@ -253,12 +322,29 @@ class EngineCoreProc:
                 item = self.output_queue.get()
                 if item is None:
                     break
-                kind = item[0]
-                if kind == OUTPUTS:
-                    sock.send_multipart(
-                        [OUTPUTS, encoder.encode(item[1]), encoder.encode(item[2])], copy=False
-                    )
-                else:
-                    sock.send_multipart([kind, item[1]])
+                sock.send_multipart(self._encode(encoder, item), copy=False)
+        except Exception as exc:
+            logger.exception("EngineCore output thread failed")
+            reason = f"EngineCore output thread failed: {exc!r}"
+            # The socket may still work (an encoding error): say why we die.
+            with contextlib.suppress(Exception):
+                sock.send_multipart([FAILED, reason.encode()], flags=zmq.NOBLOCK)
+            self._fail(reason)
         finally:
             sock.close(linger=_LINGER_MS)
+
+    @staticmethod
+    def _encode(encoder: Encoder, item: tuple) -> list:
+        kind = item[0]
+        if kind == OUTPUTS:
+            return [OUTPUTS, encoder.encode(item[1]), encoder.encode(item[2])]
+        return [kind, item[1]]
+
+    def _heartbeat_loop(self) -> None:
+        """Every second, whatever the load: the core is alive, and its loop has
+        been in its current iteration this long."""
+        encoder = Encoder()
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            stalled = time.monotonic() - self._iteration_start
+            with contextlib.suppress(queue.Full):
+                self.output_queue.put_nowait((HEARTBEAT, encoder.encode(Heartbeat(stalled))))

@@ -4,7 +4,10 @@ It spawns the process, owns both ZMQ sockets (bound here, on ipc:// paths in a
 private temporary folder, so the files go away with the folder), sends requests
 and aborts, and receives outputs. A watcher thread waits on the process's
 sentinel, so a killed engine core is noticed at once, not at the next
-timeout: `get_output()` then raises `EngineDeadError`.
+timeout: `get_output()` then raises `EngineDeadError`. A hung core is noticed
+through its heartbeats: silent for `heartbeat_timeout` seconds (frozen, or its
+IO threads gone), or stuck in one iteration of its loop for `step_timeout`
+seconds; it is then marked dead and killed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -29,6 +34,7 @@ from pagoda.runtime.engine.serialization import (
     ABORT,
     ADD,
     FAILED,
+    HEARTBEAT,
     OUTPUTS,
     READY,
     SHUTDOWN,
@@ -52,8 +58,23 @@ class EngineStartupError(RuntimeError):
 class EngineCoreClient:
     """Async client of one EngineCore process (TP=1: the worker lives in it)."""
 
-    def __init__(self, args: EngineArgs, num_threads: int | None = None, log_level: str = "INFO"):
+    def __init__(
+        self,
+        args: EngineArgs,
+        num_threads: int | None = None,
+        log_level: str = "INFO",
+        heartbeat_timeout: float | None = 10.0,
+        step_timeout: float | None = 300.0,
+        process_target: Callable[..., None] = run_engine_core,
+    ):
+        """`process_target` is the core process's entry point (tests swap in
+        one with a fault injected)."""
         self.args = args
+        self.heartbeat_timeout = heartbeat_timeout
+        self.step_timeout = step_timeout
+        self._last_message = time.monotonic()
+        self._stalled_s = 0.0
+        self._watchdog: asyncio.Task | None = None
         self._tmpdir = tempfile.mkdtemp(prefix="pagoda-")
         self.input_addr = f"ipc://{self._tmpdir}/input.sock"
         self.output_addr = f"ipc://{self._tmpdir}/output.sock"
@@ -71,7 +92,7 @@ class EngineCoreClient:
         # and must not hand a half-initialised torch to the child.
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
-            target=run_engine_core,
+            target=process_target,
             args=(args, self.input_addr, self.output_addr, os.getpid(), num_threads, log_level),
             name="EngineCore",
             daemon=True,
@@ -108,7 +129,45 @@ class EngineCoreClient:
             raise EngineStartupError(payload)
         assert kind == READY, kind
         self.info = payload
+        self._last_message = time.monotonic()
+        if self.heartbeat_timeout or self.step_timeout:
+            self._watchdog = loop.create_task(self._watch_heartbeats())
         return payload
+
+    async def _watch_heartbeats(self) -> None:
+        """Mark the core dead (and kill it) once it is silent or stuck too long."""
+        period = min(1.0, (self.heartbeat_timeout or 4.0) / 4)
+        while self.dead_reason is None and not self._closing:
+            await asyncio.sleep(period)
+            silent = time.monotonic() - self._last_message
+            reason = None
+            # Messages may be waiting unread (our own loop was busy): that is
+            # not the core's silence.
+            if (
+                self.heartbeat_timeout
+                and silent > self.heartbeat_timeout
+                and not self.output_socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            ):
+                reason = f"the EngineCore sent nothing for {silent:.1f} s (hung)"
+            elif self.step_timeout and self._stalled_s > self.step_timeout:
+                reason = (
+                    f"the EngineCore's loop has been stuck in one step for "
+                    f"{self._stalled_s:.0f} s (hung)"
+                )
+            if reason is not None and not self._closing:
+                self._mark_dead(reason)
+                self.kill()
+
+    def stop_watching(self) -> None:
+        """Stop the heartbeat watchdog (from the event loop's thread)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def kill(self) -> None:
+        """SIGKILL the core (a hung process would ignore SHUTDOWN and SIGTERM)."""
+        with contextlib.suppress(ProcessLookupError, TypeError):
+            if self.proc.is_alive():
+                os.kill(self.proc.pid, signal.SIGKILL)
 
     def _watch_process(self, loop: asyncio.AbstractEventLoop) -> None:
         multiprocessing.connection.wait([self.proc.sentinel])
@@ -136,6 +195,20 @@ class EngineCoreClient:
 
     async def get_output(self) -> tuple[EngineCoreOutputs, StepExtras]:
         """The next step's outputs; raises EngineDeadError once the core is gone."""
+        while True:
+            kind, payload = await self._recv()
+            self._last_message = time.monotonic()
+            if kind == HEARTBEAT:
+                self._stalled_s = payload.stalled_s
+                continue
+            if kind == FAILED:
+                self._mark_dead(payload)
+                self._check_alive()
+            assert kind == OUTPUTS, kind
+            self._stalled_s = 0.0
+            return payload
+
+    async def _recv(self) -> tuple[bytes, object]:
         self._check_alive()
         recv = asyncio.ensure_future(self.output_socket.recv_multipart(copy=False))
         if not recv.done():
@@ -148,12 +221,7 @@ class EngineCoreClient:
                 recv.cancel()
                 self._check_alive()
         frames = [f.bytes for f in recv.result()]
-        kind, payload = self._decoder.decode(frames)
-        if kind == FAILED:
-            self._mark_dead(payload)
-            self._check_alive()
-        assert kind == OUTPUTS, kind
-        return payload
+        return self._decoder.decode(frames)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
@@ -164,8 +232,10 @@ class EngineCoreClient:
 
         Synchronous and callable from any thread.
         """
-        self._closing = True
+        self._closing = True  # also ends the heartbeat watchdog
         try:
+            if self.dead_reason is not None:
+                self.kill()  # dead or hung: nothing left to shut down politely
             if self.proc.is_alive():
                 # A plain socket over the same handle: the asyncio wrapper
                 # needs the event loop's thread, and this may run elsewhere.

@@ -19,6 +19,7 @@ SHUTDOWN = b"\x02"
 OUTPUTS = b"\x10"
 READY = b"\x11"
 FAILED = b"\x12"  # start-up failed or the busy loop died; payload: the error text
+HEARTBEAT = b"\x13"  # every second, whatever the load; payload: Heartbeat
 
 
 class ReadyInfo(msgspec.Struct):
@@ -29,6 +30,14 @@ class ReadyInfo(msgspec.Struct):
     num_kv_blocks: int
     block_size: int
     memory_summary: str
+
+
+class Heartbeat(msgspec.Struct):
+    """The core is alive; `stalled_s` is how long its busy loop has been in
+    one iteration (one step, or one wait for input), so the front end can
+    tell a slow step from a stuck one."""
+
+    stalled_s: float
 
 
 class StepExtras(msgspec.Struct):
@@ -57,6 +66,7 @@ class CoreInputDecoder:
         self._ids = msgspec.msgpack.Decoder(list[str])
 
     def decode(self, frames: list[bytes]) -> tuple[bytes, object]:
+        """Raises (msgspec.DecodeError, ValueError, IndexError) on a malformed message."""
         kind = frames[0]
         if kind == ADD:
             return kind, self._request.decode(frames[1])
@@ -74,6 +84,7 @@ class CoreOutputDecoder:
         self._outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self._extras = msgspec.msgpack.Decoder(StepExtras)
         self._ready = msgspec.msgpack.Decoder(ReadyInfo)
+        self._heartbeat = msgspec.msgpack.Decoder(Heartbeat)
 
     def decode(self, frames: list[bytes]) -> tuple[bytes, object]:
         kind = frames[0]
@@ -83,4 +94,6 @@ class CoreOutputDecoder:
             return kind, self._ready.decode(frames[1])
         if kind == FAILED:
             return kind, frames[1].decode("utf-8", "replace")
+        if kind == HEARTBEAT:
+            return kind, self._heartbeat.decode(frames[1])
         raise ValueError(f"unknown message type {kind!r}")

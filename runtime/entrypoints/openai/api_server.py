@@ -26,15 +26,31 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.engine.async_llm import AsyncLLM
 from pagoda.runtime.engine.core_client import EngineDeadError
-from pagoda.runtime.entrypoints.openai.errors import error_response, install_error_handlers
+from pagoda.runtime.entrypoints.openai.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+)
 from pagoda.runtime.entrypoints.openai.metrics import ServingMetrics
+from pagoda.runtime.entrypoints.openai.middleware import ServerMiddleware, ServerState
+from pagoda.runtime.entrypoints.openai.openapi import (
+    COMMON_ERRORS,
+    MODEL_ROUTE_ERRORS,
+    install_openapi,
+)
 from pagoda.runtime.entrypoints.openai.protocol import (
+    ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChunk,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from pagoda.runtime.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagoda.runtime.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -58,64 +74,15 @@ class ServerConfig:
     served_model_name: str | None = None
     api_key: str | None = None
     max_waiting_requests: int | None = 1024
+    # Larger bodies get 413 before they are parsed (None: no limit).
+    max_request_body_bytes: int | None = 4 * 2**20
     drain_timeout: float = 30.0
+    # No message from the engine core for this long, or one step taking this
+    # long: it is hung (dead). None: never.
+    engine_heartbeat_timeout: float | None = 10.0
+    engine_step_timeout: float | None = 300.0
     num_threads: int | None = None
     log_level: str = "INFO"
-
-
-class ServerState:
-    """What the middleware and the signal handler share."""
-
-    def __init__(self) -> None:
-        self.draining = False
-        self.engine_dead = False
-        self.in_flight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-
-# Paths that keep answering while draining or after the engine died:
-# probes and scrapes must see the truth, not a refusal.
-_ALWAYS_OPEN = ("/health", "/metrics", "/version")
-
-
-class ServerStateMiddleware:
-    """Pure ASGI (streaming responses count until their last byte): API-key
-    check, refusal while draining or dead, and the in-flight count that
-    draining waits on."""
-
-    def __init__(self, app, state: ServerState, api_key: str | None):
-        self.app = app
-        self.state = state
-        self.api_key = api_key
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope["path"]
-        if path in _ALWAYS_OPEN:
-            return await self.app(scope, receive, send)
-        if self.api_key and path.startswith("/v1"):
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {self.api_key}":
-                response = error_response("invalid or missing API key", 401)
-                return await response(scope, receive, send)
-        state = self.state
-        if state.engine_dead or state.draining:
-            reason = (
-                "the engine is not running" if state.engine_dead else "the server is shutting down"
-            )
-            response = error_response(reason, 503, headers={"Retry-After": "1"})
-            return await response(scope, receive, send)
-        state.in_flight += 1
-        state.idle.clear()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            state.in_flight -= 1
-            if state.in_flight == 0:
-                state.idle.set()
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
@@ -128,20 +95,40 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
     chat = OpenAIServingChat(engine, serving_config)
     registry = CollectorRegistry()
     metrics = ServingMetrics(model_name, engine.max_model_len, registry)
+    metrics.track_pending(lambda: engine.num_pending)
     engine.stat_logger = metrics
 
     app = FastAPI(title="Pagoda OpenAI-compatible server")
     app.state.server_state = state
     app.state.engine = engine
-    install_error_handlers(app)
-    app.add_middleware(ServerStateMiddleware, state=state, api_key=config.api_key)
+    install_error_handlers(app, metrics.on_rejected)
+    install_openapi(app)
+    app.add_middleware(
+        ServerMiddleware,
+        state=state,
+        api_key=config.api_key,
+        max_body_bytes=config.max_request_body_bytes,
+        on_rejected=metrics.on_rejected,
+    )
 
     @app.exception_handler(ClientDisconnected)
     async def _disconnected(request: Request, exc: ClientDisconnected):
         # Nobody reads this; 499 is nginx's "client closed request".
         return Response(status_code=499)
 
-    @app.get("/health")
+    def stream_of(model: type) -> dict:
+        # 200: JSON, or Server-Sent Events of `model` chunks when stream is true.
+        return {
+            "description": "the response, or with stream=true Server-Sent Events whose "
+            f"data are {model.__name__} objects, then [DONE]",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={200: {"description": "ready (empty body)"}, 503: COMMON_ERRORS[503]},
+    )
     async def health() -> Response:
         if engine.is_dead or state.engine_dead:
             return error_response("the engine is not running", 503)
@@ -155,28 +142,40 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
 
         return {"version": dist_version("pagoda")}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text exposition format"}},
+    )
     async def prometheus_metrics() -> Response:
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=COMMON_ERRORS)
     async def models() -> dict:
         card = ModelCard(id=model_name, root=engine.args.model, max_model_len=engine.max_model_len)
         return ModelList(data=[card]).model_dump()
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={200: stream_of(CompletionChunk), **MODEL_ROUTE_ERRORS},
+    )
     async def create_completion(body: CompletionRequest, raw: Request):
         return await completions.create_completion(body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={200: stream_of(ChatCompletionChunk), **MODEL_ROUTE_ERRORS},
+    )
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
         return await chat.create_chat_completion(body, raw)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=MODEL_ROUTE_ERRORS)
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
         completions.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
-            return error_response("give exactly one of prompt and messages", 400, "prompt")
+            raise APIError("give exactly one of prompt and messages", 400, "prompt")
         # Each mode encodes as its route does (a chat prompt without the
         # tokenizer's special tokens), so the count equals usage.prompt_tokens.
         if body.messages is not None:
@@ -189,19 +188,22 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
         if body.add_special_tokens is not None:
             add_special = body.add_special_tokens
         if engine.tokenizer is None:
-            return error_response("this model has no tokenizer", 400, "prompt")
+            raise APIError("this model has no tokenizer", 400, "prompt")
+        engine.check_prompt_length(text, "messages" if body.messages is not None else "prompt")
         tokens = await engine.tokenize(text, add_special)
         return JSONResponse(
             {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
         )
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=MODEL_ROUTE_ERRORS)
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         completions.check_model(body.model)
+        if engine.tokenizer is None:
+            raise APIError("this model has no tokenizer", 400, "tokens")
         vocab = engine.processor.vocab_size
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
-            return error_response(f"token id {bad} is outside [0, {vocab})", 400, "tokens")
+            raise APIError(f"token id {bad} is outside [0, {vocab})", 400, "tokens")
         return JSONResponse({"prompt": engine.tokenizer.decode(body.tokens)})
 
     return app
@@ -256,7 +258,13 @@ class _Server(uvicorn.Server):
 async def serve(args: EngineArgs, config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT (0) or the engine core dies (1)."""
     started = time.monotonic()
-    engine = await AsyncLLM.create(args, num_threads=config.num_threads, log_level=config.log_level)
+    engine = await AsyncLLM.create(
+        args,
+        num_threads=config.num_threads,
+        log_level=config.log_level,
+        heartbeat_timeout=config.engine_heartbeat_timeout,
+        step_timeout=config.engine_step_timeout,
+    )
     state = ServerState()
     exit_code = 0
     try:

@@ -19,9 +19,28 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "max-waiting-requests",
         int,
         1024,
-        "beyond this many waiting requests, answer 503 + Retry-After (0: no limit)",
+        "beyond this many waiting requests, answer 503 + Retry-After; a request that "
+        "alone has more sequences gets 400 (0: no limit)",
+    ),
+    (
+        "max-request-body-bytes",
+        int,
+        4 * 2**20,
+        "larger request bodies get 413, chunked ones too (0: no limit)",
     ),
     ("drain-timeout", float, 30.0, "SIGTERM: seconds to let in-flight requests finish"),
+    (
+        "engine-heartbeat-timeout",
+        float,
+        10.0,
+        "the engine core silent this long counts as hung: /health 503, exit 1 (0: never)",
+    ),
+    (
+        "engine-step-timeout",
+        float,
+        300.0,
+        "one engine step taking this long counts as hung (0: never)",
+    ),
     ("num-threads", int, None, "torch CPU threads of the engine core (default: torch's)"),
 ]
 
@@ -48,6 +67,11 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
         raise ValueError(
             f"--max-waiting-requests must be non-negative, got {ns.max_waiting_requests}"
         )
+    for flag in ("max_request_body_bytes", "engine_heartbeat_timeout", "engine_step_timeout"):
+        if getattr(ns, flag) < 0:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} must be non-negative, got {getattr(ns, flag)}"
+            )
     args = engine_args_from(ns)
     config = ServerConfig(
         host=ns.host,
@@ -55,7 +79,10 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
         served_model_name=ns.served_model_name or args.model,
         api_key=ns.api_key or None,
         max_waiting_requests=ns.max_waiting_requests or None,
+        max_request_body_bytes=ns.max_request_body_bytes or None,
         drain_timeout=ns.drain_timeout,
+        engine_heartbeat_timeout=ns.engine_heartbeat_timeout or None,
+        engine_step_timeout=ns.engine_step_timeout or None,
         num_threads=ns.num_threads,
         log_level=ns.log_level,
     )

@@ -7,6 +7,7 @@ into 400 with the offending field as `param`, as vLLM does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,7 @@ _TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -73,39 +75,64 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('msg')}", None
     loc = tuple(first.get("loc", ()))
+    ctx = first.get("ctx") or {}
+    if "param" in ctx:
+        # Screening errors (request_screen.py) name their field themselves.
+        param = ".".join([p for p in (_validation_param(loc), ctx["param"]) if p])
+        return str(first.get("msg")), param
     # A union field reports one error per alternative; the field is what matters.
     param = _validation_param(loc[:2] if len(loc) > 1 else loc)
     return f"{param or 'body'}: {first.get('msg')}", param
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the server in the OpenAI shape."""
+# Why a request was refused, for `pagoda:requests_rejected_total{reason}`.
+_REASONS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    500: "internal_error",
+}
+
+
+def rejection_reason(status: int) -> str:
+    return _REASONS.get(status, f"http_{status}")
+
+
+def install_error_handlers(app: FastAPI, on_rejected: Callable[[str], None] | None = None) -> None:
+    """Every error leaves the server in the OpenAI shape; `on_rejected(reason)`
+    counts each. Unexpected exceptions are the middleware's (a 500 that keeps
+    the connection), not Starlette's, which re-raises them to uvicorn."""
+    count = on_rejected or (lambda reason: None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
+        count(rejection_reason(exc.status))
         return error_response(str(exc), exc.status, exc.param, exc.headers)
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(request: Request, exc: InvalidRequestError):
+        count("invalid_request")
         return error_response(str(exc), 400, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
+        count("invalid_request")
         message, param = _validation_message(exc)
         return error_response(message, 400, param)
 
     @app.exception_handler(EngineOverloadedError)
     async def _overloaded(request: Request, exc: EngineOverloadedError):
+        count("overloaded")
         return error_response(str(exc), 503, headers={"Retry-After": "1"})
 
     @app.exception_handler(EngineDeadError)
     async def _dead(request: Request, exc: EngineDeadError):
+        count("engine_dead")
         return error_response(f"the engine is not running: {exc}", 503)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        count(rejection_reason(exc.status_code))
         return error_response(str(exc.detail), exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        return error_response(f"internal error: {exc!r}", 500)

@@ -11,6 +11,7 @@ unchanged. prometheus_client adds `_total` to counter names on exposition
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import EngineCoreOutputs
@@ -95,6 +96,18 @@ class ServingMetrics:
             registry=registry,
         )
         self._model_name = model_name
+        # Pagoda's own series (vLLM has no equivalent).
+        self.pending = gauge(
+            "pagoda:num_requests_pending",
+            "Engine-core requests still in the API process (being tokenized or "
+            "validated); queue depth = vllm:num_requests_waiting + this.",
+        )
+        self._rejected = Counter(
+            "pagoda:requests_rejected",
+            "Requests refused with an error status, by reason.",
+            ["model_name", "reason"],
+            registry=registry,
+        )
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS
         )
@@ -124,6 +137,13 @@ class ServingMetrics:
         self._last_preemptions = 0
         self._requests: dict[str, _RequestTimes] = {}
         self._parent_of: dict[str, str] = {}
+
+    def track_pending(self, read: Callable[[], float]) -> None:
+        """Read the pending count when scraped: no bookkeeping per request."""
+        self.pending.set_function(read)
+
+    def on_rejected(self, reason: str) -> None:
+        self._rejected.labels(self._model_name, reason).inc()
 
     # -- StatLogger ---------------------------------------------------------------
 

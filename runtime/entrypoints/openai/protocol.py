@@ -1,20 +1,35 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic).
 
 Requests accept OpenAI's fields plus vLLM's sampling extensions (`top_k`,
-`min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`);
-unknown fields are ignored, as OpenAI and vLLM do. Range checks live in one
-place, `SamplingParams.validate()`, so errors name the same fields here and
-in the offline API.
+`min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`).
+Unknown fields are ignored, as OpenAI and vLLM do, except the ones that would
+change the output and are not implemented (`guided_json`, `tools`, ...,
+listed in `request_screen.py`): those are refused with a 400 naming them, so
+a client never gets unconstrained output silently. Value ranges are declared
+on the fields (they reach /openapi.json) with the limits of
+`pagoda.runtime.sampling_params`, which checks them again for the offline API.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
-from pydantic import BaseModel, ConfigDict, Field
+from pagoda.runtime.entrypoints.openai.request_screen import screen_request_body
+from pagoda.runtime.sampling_params import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_COUNT,
+    MAX_LIST_LEN,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_TOKEN_ID,
+    InvalidRequestError,
+    SamplingParams,
+)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -25,34 +40,64 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class OpenAIRequest(OpenAIModel):
+    """A request body: screened as raw JSON first (invalid Unicode anywhere,
+    unsupported fields), so those errors name the field before any typing."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _screen(cls, data: Any) -> Any:
+        screen_request_body(data, cls.__name__)
+        return data
+
+
+# Ranges, from the engine's own limits so the two never disagree.
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Real = Annotated[float, Field(allow_inf_nan=False)]
+
+
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
-class _SamplingFields(OpenAIModel):
+StopString = Annotated[str, Field(min_length=1)]
+
+
+class _SamplingFields(OpenAIRequest):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Count | None = None
     # Unset sampling fields take the model's generation_config.json default,
     # then OpenAI's (vLLM's --generation-config auto).
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    temperature: Annotated[Real, Field(ge=0)] | None = None
+    top_p: Annotated[Real, Field(gt=0, le=1)] | None = None
+    # -1 or 0: no top-k.
+    top_k: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | None = None
+    min_p: Annotated[Real, Field(ge=0, le=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_LIST_LEN)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LIST_LEN)] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0
+    presence_penalty: Annotated[Real, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[Real, Field(ge=-2, le=2)] = 0.0
+    repetition_penalty: Annotated[Real, Field(gt=0)] | None = None
     # OpenAI's shape: token id (as a string) -> bias in [-100, 100].
-    logit_bias: dict[str, float] | None = None
+    logit_bias: (
+        Annotated[
+            dict[
+                Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+                Annotated[Real, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)],
+            ],
+            Field(max_length=MAX_LIST_LEN),
+        ]
+        | None
+    ) = None
     # vLLM's name: requests with different salts never share prefix-cache blocks.
-    cache_salt: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
@@ -114,12 +159,21 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         ) from None
 
 
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Text, texts, token ids, or lists of token ids (one choice set per prompt).
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_LIST_LEN)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_LIST_LEN)]
+    )
     # A text prompt gets the tokenizer's special tokens (a BOS for Llama).
     add_special_tokens: bool = True
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None
 
 
@@ -148,9 +202,9 @@ class ResponseFormat(OpenAIModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     # The template writes the special tokens it wants (Llama's and Mistral's
@@ -159,7 +213,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(OpenAIRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -170,12 +224,22 @@ class TokenizeRequest(OpenAIModel):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class DetokenizeRequest(OpenAIModel):
+class DetokenizeRequest(OpenAIRequest):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 # -- responses ------------------------------------------------------------------------
+
+
+class TokenizeResponse(OpenAIModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(OpenAIModel):
+    prompt: str
 
 
 class PromptTokensDetails(OpenAIModel):

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pagoda.runtime.engine.core_client import EngineDeadError
 from pagoda.runtime.engine.output_processor import OutputKind
 from pagoda.runtime.entrypoints.openai.errors import APIError
@@ -85,13 +85,8 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
         self.check_model(body.model)
-        if body.response_format is not None and body.response_format.type != "text":
-            raise APIError(
-                f"response_format type {body.response_format.type!r} is not supported yet "
-                "(structured output); only 'text' is",
-                400,
-                param="response_format",
-            )
+        # (Unsupported fields such as a JSON response_format were refused when
+        # the body was parsed: request_screen.py.)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError("top_logprobs requires logprobs to be true", 400, param="top_logprobs")
         max_tokens = body.max_completion_tokens
@@ -102,6 +97,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt = await self.render_prompt(
             body.messages, body.add_generation_prompt, body.chat_template_kwargs
         )
+        self.engine.check_prompt_length(prompt, param="messages")
         request_id = random_id("chatcmpl")
         created = int(time.time())
         kind = OutputKind.DELTA if body.stream else OutputKind.FINAL
@@ -109,14 +105,18 @@ class OpenAIServingChat(OpenAIServing):
             request_id, [prompt], params, kind, body.add_special_tokens, body.cache_salt
         )
         top = body.top_logprobs or 0
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                self._stream(handles, request_id, created, params.n, logprobs, top, include_usage),
-                media_type="text/event-stream",
-            )
-        final = await run_until_disconnected(raw, self._last(handles))
-        return JSONResponse(self._response(final, request_id, created, logprobs, top))
+        try:
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                stream = self._stream(
+                    handles, request_id, created, params.n, logprobs, top, include_usage
+                )
+                return self.stream_response(handles, stream)
+            final = await run_until_disconnected(raw, self._last(handles))
+            return JSONResponse(self._response(final, request_id, created, logprobs, top))
+        except BaseException:
+            self.abort_unfinished(handles)
+            raise
 
     async def _last(self, handles) -> RequestOutput:
         last = None
@@ -166,12 +166,18 @@ class OpenAIServingChat(OpenAIServing):
 
         prompt_tokens = completion_tokens = cached_tokens = 0
         try:
-            # OpenAI opens every choice with the assistant role and no text.
-            for i in range(n):
-                yield chunk(
-                    [ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
-                )
             async with self.output_streams(handles) as outputs:
+                # OpenAI opens every choice with the assistant role and no
+                # text; inside the stream's scope, so a client gone right
+                # after it aborts the request.
+                for i in range(n):
+                    yield chunk(
+                        [
+                            ChatStreamChoice(
+                                index=i, delta=DeltaMessage(role="assistant", content="")
+                            )
+                        ]
+                    )
                 async for _, ro in outputs:
                     prompt_tokens = len(ro.prompt_token_ids)
                     cached_tokens = ro.num_cached_tokens

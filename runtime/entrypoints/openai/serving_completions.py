@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pagoda.runtime.engine.core_client import EngineDeadError
 from pagoda.runtime.engine.output_processor import OutputKind
 from pagoda.runtime.entrypoints.openai.errors import APIError
@@ -94,22 +94,25 @@ class OpenAIServingCompletion(OpenAIServing):
         handles = await self.add_requests(
             request_id, prompts, params, kind, body.add_special_tokens, body.cache_salt
         )
-        tokenizer = self.engine.tokenizer
-        echo_texts = [
-            (p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else "" for p in prompts
-        ]
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                self._stream(
+        try:
+            tokenizer = self.engine.tokenizer
+            echo_texts = [
+                (p if isinstance(p, str) else tokenizer.decode(p)) if body.echo else ""
+                for p in prompts
+            ]
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                stream = self._stream(
                     handles, request_id, created, params.n, body.logprobs, echo_texts, include_usage
-                ),
-                media_type="text/event-stream",
+                )
+                return self.stream_response(handles, stream)
+            final = await run_until_disconnected(raw, self._collect(handles))
+            return JSONResponse(
+                self._response(final, request_id, created, params.n, body.logprobs, echo_texts)
             )
-        final = await run_until_disconnected(raw, self._collect(handles))
-        return JSONResponse(
-            self._response(final, request_id, created, params.n, body.logprobs, echo_texts)
-        )
+        except BaseException:
+            self.abort_unfinished(handles)
+            raise
 
     async def _collect(self, handles) -> list[RequestOutput]:
         final: list[RequestOutput | None] = [None] * len(handles)

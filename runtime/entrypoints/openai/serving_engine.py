@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from pagoda.runtime.engine.async_llm import AsyncLLM, RequestHandle
 from pagoda.runtime.engine.output_processor import OutputKind
 from pagoda.runtime.entrypoints.openai.errors import APIError, error_body
@@ -56,26 +57,27 @@ class OpenAIServing:
     ) -> list[RequestHandle]:
         """Submit one engine request per prompt, all or none. Every refusal
         (bad field, overload, dead engine) raises here, before a response
-        starts."""
-        handles = []
-        try:
-            for i, prompt in enumerate(prompts):
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                handles.append(
-                    await self.engine.add_request(
-                        rid,
-                        prompt,
-                        params,
-                        kind,
-                        add_special_tokens=add_special_tokens,
-                        cache_salt=cache_salt,
-                    )
-                )
-        except BaseException:
-            for handle in handles:
-                await self.engine.abort(handle.request_id)
-            raise
-        return handles
+        starts; a refused batch leaves nothing behind."""
+        ids = (
+            [request_id]
+            if len(prompts) == 1
+            else [f"{request_id}-{i}" for i in range(len(prompts))]
+        )
+        return await self.engine.add_requests(
+            ids, prompts, params, kind, add_special_tokens=add_special_tokens, cache_salt=cache_salt
+        )
+
+    def abort_unfinished(self, handles: list[RequestHandle]) -> None:
+        """Abort every request of `handles` not finished; never awaits, so it is
+        safe in `finally` blocks of cancelled code."""
+        for handle in handles:
+            if not handle.finished:
+                self.engine.abort_soon(handle.request_id)
+
+    def stream_response(
+        self, handles: list[RequestHandle], body: AsyncIterator[str]
+    ) -> StreamingResponse:
+        return EngineStreamingResponse(body, self, handles)
 
     @contextlib.asynccontextmanager
     async def output_streams(
@@ -91,10 +93,32 @@ class OpenAIServing:
         try:
             yield merged
         finally:
+            self.abort_unfinished(handles)
             await merged.aclose()
-            for handle in handles:
-                if not handle.finished:
-                    await self.engine.abort(handle.request_id)
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """An SSE response that owns its engine requests from the moment it is
+    created: whatever ends it (the last chunk, a disconnect before or after
+    the first chunk, cancellation, an error), the requests not finished are
+    aborted and forgotten. Starlette may cancel a stream before its generator
+    ever ran (a client gone before the first chunk), and an unstarted
+    generator runs none of its own clean-up code."""
+
+    def __init__(self, body: AsyncIterator[str], serving: OpenAIServing, handles):
+        super().__init__(body, media_type="text/event-stream")
+        self._serving = serving
+        self._handles = handles
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._serving.abort_unfinished(self._handles)
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
 
 
 async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -98,7 +98,7 @@ def test_invalid_chat_requests(server):
     assert_error(
         post(server, "/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 0}),
         400,
-        "max_tokens",
+        "max_completion_tokens",
     )
     good_completion(server)
 
