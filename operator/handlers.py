@@ -95,9 +95,11 @@ def llmservice_changed(body: Mapping[str, Any], memo: kopf.Memo) -> None:
     memo["triggers"].poke_if_new_generation(key, meta.get("generation"))
 
 
-async def _woken(event: asyncio.Event, stopped: Any, timeout: float) -> str:
-    """Wait for a wake-up, a stop or the timeout; say which came first."""
-    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())}
+async def _woken(event: asyncio.Event | None, stopped: Any, timeout: float) -> str:
+    """Wait for a wake-up (unless `event` is None), a stop or the timeout; say which came first."""
+    waiters = {asyncio.ensure_future(stopped.wait())}
+    if event is not None:
+        waiters.add(asyncio.ensure_future(event.wait()))
     try:
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -105,7 +107,7 @@ async def _woken(event: asyncio.Event, stopped: Any, timeout: float) -> str:
             waiter.cancel()
     if stopped:
         return "stop"
-    return "watch" if event.is_set() else "resync"
+    return "watch" if event is not None and event.is_set() else "resync"
 
 
 @dataclass(slots=True)
@@ -132,18 +134,20 @@ async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: A
         while not stopped:
             wake.event.clear()
             generation = (body.get("metadata") or {}).get("generation")
-            delay = config.resync_seconds
             try:
                 await reconcile_once(body, memo, memory, logger, trigger)
                 wake.generation = generation
                 backoff.reset()
+                reason = await _woken(wake.event, stopped, config.resync_seconds)
             except ApiError as e:  # transient: permanent ones became conditions
                 delay = backoff.next()
                 logger.warning(f"reconcile failed, retrying in {delay:.0f}s: {e}")
-            reason = await _woken(wake.event, stopped, delay)
+                # Watch events do not cut a backoff short (a throttled or
+                # failing API server gets no more calls); they are kept for later.
+                reason = "retry" if await _woken(None, stopped, delay) != "stop" else "stop"
             if reason == "stop":
                 break
-            trigger = "retry" if delay < config.resync_seconds and reason == "resync" else reason
+            trigger = reason
             if reason == "watch":
                 # A rollout sends a burst of events: answer them with one pass.
                 await asyncio.sleep(config.settle_seconds)

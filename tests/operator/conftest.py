@@ -45,6 +45,12 @@ def cluster(kmock: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture()
+def operator_config() -> OperatorConfig:
+    """The configuration the `operator` fixture runs with."""
+    return CONFIG
+
+
+@pytest.fixture()
 def run_operator(cluster: ApiServer) -> Callable[..., Any]:
     """Factory: `async with run_operator(config):` runs the operator with that configuration."""
 

@@ -1,10 +1,29 @@
-"""What a write did to a child, told from the API server's answer (pure)."""
+"""What a write did to a child, told from the API server's answer.
+
+The pure classification first, then the operator against an API server that
+keeps other field managers' list entries through a force-apply, as a real one
+does: their entries are not drift, a hand edit of our field is, once.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
+from kubesim.apiserver import STRATEGIC, ApiServer
+from kubesim.testing import (
+    DEPLOYMENTS,
+    NS,
+    create,
+    events,
+    eventually,
+    llmservice,
+    obj,
+    patch,
+    path_of,
+    version,
+)
 from pagoda.operator.drift import (
     APPLIED_HASH,
     Action,
@@ -121,3 +140,64 @@ def test_changed_fields_match_named_items_by_name_not_position() -> None:
     after = {"env": [{"name": "X", "value": "0"}, {"name": "A", "value": "1"}]}
     assert changed_fields(want, before, after) == ["env[A].value"]
     assert changed_fields(want, after, after) == []
+
+
+# --- against the simulated API server, whose apply keeps other managers' fields
+
+MANAGED = "pagoda-operator"
+
+
+def runtime(server: ApiServer) -> dict[str, Any]:
+    return obj(server, DEPLOYMENTS, "chat")["spec"]["template"]["spec"]["containers"][0]
+
+
+async def another_manager_patches_the_pod_template(
+    server: ApiServer, manager: str, pod_spec: dict[str, Any]
+) -> None:
+    """What `kubectl set env` or a mutating webhook does: a strategic merge patch."""
+    body = {"spec": {"template": {"spec": pod_spec}}}
+    await patch(server, path_of(DEPLOYMENTS, NS, "chat"), body, STRATEGIC, fieldManager=manager)
+
+
+async def test_an_env_var_another_manager_added_is_not_drift(operator: ApiServer) -> None:
+    await create(operator, llmservice(env=[{"name": "LOG_LEVEL", "value": "info"}]))
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    extra = {"containers": [{"name": "runtime", "env": [{"name": "EXTRA", "value": "1"}]}]}
+    await another_manager_patches_the_pod_template(operator, "kubectl-set", extra)
+    settled = version(operator, DEPLOYMENTS, "chat")
+    await asyncio.sleep(3.5)  # three resyncs, each force-applying the Deployment
+    assert events(operator, "DriftRepaired") == []
+    assert version(operator, DEPLOYMENTS, "chat") == settled
+    assert [e["name"] for e in runtime(operator)["env"]] == ["LOG_LEVEL", "EXTRA"]
+    owners = operator.owners_of(DEPLOYMENTS, NS, "chat")
+    assert any("env[name=EXTRA]" in f for f in owners["kubectl-set"])
+    assert not any("env[name=EXTRA]" in f for f in owners[MANAGED])
+
+
+async def test_a_sidecar_another_manager_injected_survives_and_is_not_drift(
+    operator: ApiServer,
+) -> None:
+    await create(operator, llmservice())
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    sidecar = {"containers": [{"name": "istio-proxy", "image": "istio/proxyv2:1.22"}]}
+    await another_manager_patches_the_pod_template(operator, "sidecar-injector", sidecar)
+    await asyncio.sleep(3.5)
+    containers = obj(operator, DEPLOYMENTS, "chat")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["runtime", "istio-proxy"]
+    assert events(operator, "DriftRepaired") == []
+
+
+async def test_a_field_of_ours_changed_by_another_manager_is_repaired_once(
+    operator: ApiServer,
+) -> None:
+    await create(operator, llmservice(env=[{"name": "LOG_LEVEL", "value": "info"}]))
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    edit = {"containers": [{"name": "runtime", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}]}
+    await another_manager_patches_the_pod_template(operator, "kubectl-edit", edit)
+    await eventually(lambda: runtime(operator)["env"] == [{"name": "LOG_LEVEL", "value": "info"}])
+    await asyncio.sleep(2.5)
+    (event,) = events(operator, "DriftRepaired")
+    assert "spec.template.spec.containers[runtime].env[LOG_LEVEL].value" in event["message"]

@@ -344,3 +344,14 @@ async def test_the_handlers_also_run_under_kopfs_own_cli(cluster: ApiServer) -> 
     finally:
         await asyncio.to_thread(runner.__exit__, None, None, None)
     assert runner.exit_code == 0, runner.output
+
+
+async def test_fields_of_a_newer_crd_are_ignored_with_a_log_line(
+    operator: ApiServer, caplog: Any
+) -> None:
+    caplog.set_level("WARNING")
+    await create(operator, llmservice(adapters=[{"name": "sql-lora"}], futureKnob=3))
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
+    await eventually(lambda: "spec.adapters, spec.futureKnob" in caplog.text)
+    assert "ignoring fields this operator does not know" in caplog.text
