@@ -151,17 +151,16 @@ def set_leaf(node: dict[str, Any], path: Path, value: Any) -> None:
 
 def remove_leaf(obj: dict[str, Any], path: Path, kept: Callable[[Path], bool]) -> None:
     """Remove a leaf, then the maps and list items it leaves empty unless `kept(prefix)`."""
-    trail: list[tuple[Any, Element]] = []
+    trail: list[tuple[Any, Element, Any]] = []  # (container, element, child) on the way down
     node: Any = obj
     for element in path:
         child = _child(node, element)
         if child is None:
             return
-        trail.append((node, element))
+        trail.append((node, element, child))
         node = child
     for depth in range(len(trail) - 1, -1, -1):
-        container, element = trail[depth]
-        target = _child(container, element)
+        container, element, target = trail[depth]
         if depth < len(trail) - 1:
             # A parent: drop it only when emptied (item keys alone count as empty).
             rest = target
@@ -170,9 +169,14 @@ def remove_leaf(obj: dict[str, Any], path: Path, kept: Callable[[Path], bool]) -
             if rest or kept(path[: depth + 1]):
                 return
         if isinstance(element, ItemKey):
-            container.remove(target)
+            container[:] = [item for item in container if item is not target]
         else:
             del container[element]
+
+
+def _is_key(path: Path) -> bool:
+    """Whether a leaf is a key field of the list item that holds it."""
+    return len(path) >= 2 and isinstance(path[-2], ItemKey) and path[-1] in dict(path[-2].fields)
 
 
 def _owned_below(owners: Mapping[str, set[Path]]) -> Callable[[Path], bool]:
@@ -204,7 +208,8 @@ def apply(
     previous = owners.get(manager, set())
     owners[manager] = set(wanted)
     kept = _owned_below(owners)
-    for path in sorted(previous - set(wanted), key=len, reverse=True):
+    # An item is found by its key fields: remove those last.
+    for path in sorted(previous - set(wanted), key=lambda p: (_is_key(p), -len(p))):
         if not kept(path):
             remove_leaf(new, path, kept)
     for path, value in wanted.items():
