@@ -107,7 +107,7 @@ def _read_json(response: Any) -> dict[str, Any]:
 class KubeApi:
     """Asynchronous reads and writes through the official client's thread pool."""
 
-    def __init__(self, configuration: Configuration, workers: int = 4) -> None:
+    def __init__(self, configuration: Configuration, workers: int = 8) -> None:
         self._configuration = configuration
         self._client = ApiClient(configuration)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-api")

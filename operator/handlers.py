@@ -133,6 +133,8 @@ async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: A
     try:
         while not stopped:
             wake.event.clear()
+            if (body.get("metadata") or {}).get("deletionTimestamp"):
+                break  # being deleted: kopf stops this loop; children go with their owner
             generation = (body.get("metadata") or {}).get("generation")
             try:
                 await reconcile_once(body, memo, memory, logger, trigger)

@@ -228,3 +228,17 @@ async def test_the_operator_works_behind_chunked_responses(
         )
         assert events(cluster, "Updated") == []
     assert proxy.chunked_responses > 20
+
+
+def test_only_the_api_module_talks_to_the_kubernetes_api() -> None:
+    # One door: the official client, in operator/api.py; kopf does its own watching.
+    package = Path(__file__).resolve().parents[2] / "operator"
+    clients = ("kubernetes", "aiohttp", "urllib3", "httpx", "requests", "http.client")
+    talking = {
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        for line in path.read_text().splitlines()
+        if line.startswith(("import ", "from "))
+        and line.split()[1].split(".")[0] in {c.split(".")[0] for c in clients}
+    }
+    assert talking == {"api.py"}

@@ -355,3 +355,47 @@ async def test_fields_of_a_newer_crd_are_ignored_with_a_log_line(
     await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
     await eventually(lambda: "spec.adapters, spec.futureKnob" in caplog.text)
     assert "ignoring fields this operator does not know" in caplog.text
+
+
+async def test_scaling_out_keeps_ready_and_posts_no_warning(operator: ApiServer) -> None:
+    await create(operator, llmservice())
+    await settled(operator)
+    await create(operator, ready_pod(operator, "chat-a"))
+    await create(operator, endpoint_slice("chat", ready=1))
+    await eventually(lambda: condition(operator, "chat", "Ready")["status"] == "True")
+    since = condition(operator, "chat", "Ready")["lastTransitionTime"]
+    await patch(operator, path_of(LLMS, NS, "chat") + "/scale", {"spec": {"replicas": 3}})
+    deployment = await eventually(
+        lambda: (
+            obj(operator, DEPLOYMENTS, "chat")["spec"]["replicas"] == 3
+            and obj(operator, DEPLOYMENTS, "chat")
+        )
+    )
+    # The Deployment controller sees the new generation (two pods are loading).
+    seen = {"observedGeneration": deployment["metadata"]["generation"], "replicas": 3}
+    await patch(operator, path_of(DEPLOYMENTS, NS, "chat") + "/status", {"status": seen})
+    await eventually(lambda: condition(operator, "chat", "Progressing")["reason"] == "ScalingUp")
+    progressing = condition(operator, "chat", "Progressing")
+    assert progressing["message"] == "1 of 3 pods new and ready"
+    await asyncio.sleep(1.0)
+    ready = condition(operator, "chat", "Ready")
+    assert ready["status"] == "True" and ready["lastTransitionTime"] == since
+    assert [e for e in events(operator) if e["type"] == "Warning"] == []
+
+
+async def test_clusters_before_1_30_get_an_exec_sleep_pre_stop(
+    cluster: ApiServer, run_operator: Any
+) -> None:
+    cluster.server_version = (1, 29)
+    async with run_operator():
+        await create(cluster, llmservice())
+        deployment = await eventually(lambda: obj(cluster, DEPLOYMENTS, "chat"))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "5"]}}
+
+
+async def test_clusters_since_1_30_get_the_native_sleep_action(operator: ApiServer) -> None:
+    await create(operator, llmservice())
+    deployment = await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
