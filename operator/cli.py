@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import kopf
 from pagoda.operator import metrics
 from pagoda.operator.config import ConfigError, OperatorConfig
-from pagoda.operator.kube import Kube
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +97,7 @@ async def serve(
 
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port)
-    memo = kopf.Memo(config=config or OperatorConfig.from_env(), kube=Kube())
+    memo = kopf.Memo(config=config or OperatorConfig.from_env())
     await kopf.operator(
         clusterwide=options.clusterwide,
         namespaces=options.namespaces,

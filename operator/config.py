@@ -33,8 +33,18 @@ class OperatorConfig:
     gpu_type_label: str = "nvidia.com/gpu.product"
     # Named compute profiles users refer to with spec.resources.profile.
     profiles: Mapping[str, ResourcesSpec] = field(default_factory=dict)
-    # How often the timer re-reads children and pods (drift repair, status).
+    # The safety net: each LLMService is reconciled at least this often even if
+    # no watch event arrives (watches of the children do the prompt work).
     resync_seconds: float = 30.0
+    # After a watch event, wait this long for its siblings (a rollout sends
+    # many) so that one reconcile answers them all.
+    settle_seconds: float = 0.2
+    # A pod may be Unschedulable this long (a cluster autoscaler adding a node)
+    # before the LLMService is Degraded.
+    unschedulable_grace_seconds: float = 300.0
+    # Whether the cluster has the native `sleep` preStop action (Kubernetes
+    # 1.30+); detected from the API server's version at start-up.
+    sleep_action: bool = True
     field_manager: str = "pagoda-operator"
 
     @classmethod
@@ -42,26 +52,23 @@ class OperatorConfig:
         """Read PAGODA_OPERATOR_* variables (the chart sets them)."""
         env = os.environ if env is None else env
         profiles_file = env.get("PAGODA_OPERATOR_PROFILES_FILE")
-        resync = resync_seconds_from_env(env)
         return cls(
             runtime_image=env.get("PAGODA_OPERATOR_RUNTIME_IMAGE", DEFAULT_RUNTIME_IMAGE),
             cluster_domain=env.get("PAGODA_OPERATOR_CLUSTER_DOMAIN", "cluster.local"),
             gpu_resource=env.get("PAGODA_OPERATOR_GPU_RESOURCE", "nvidia.com/gpu"),
             gpu_type_label=env.get("PAGODA_OPERATOR_GPU_TYPE_LABEL", "nvidia.com/gpu.product"),
             profiles=load_profiles(Path(profiles_file)) if profiles_file else {},
-            resync_seconds=resync,
+            resync_seconds=_positive(env, "PAGODA_OPERATOR_RESYNC_SECONDS", 30.0),
         )
 
 
-def resync_seconds_from_env(env: Mapping[str, str] | None = None) -> float:
-    """The resync interval; read at import time, when kopf's timer is declared."""
-    env = os.environ if env is None else env
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     try:
-        value = float(env.get("PAGODA_OPERATOR_RESYNC_SECONDS", "30"))
+        value = float(env.get(name, default))
     except ValueError as e:
-        raise ConfigError(f"PAGODA_OPERATOR_RESYNC_SECONDS: {e}") from e
+        raise ConfigError(f"{name}: {e}") from e
     if value <= 0:
-        raise ConfigError("PAGODA_OPERATOR_RESYNC_SECONDS must be positive")
+        raise ConfigError(f"{name} must be positive")
     return value
 
 

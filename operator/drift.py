@@ -1,15 +1,19 @@
-"""Decide whether a child needs a write: desired vs live, on the fields we own.
+"""What a write did to a child, told from the API server's answer (pure).
 
-Two checks, both pure:
+The operator server-side applies every child on every pass and lets the API
+server decide what changes. A force-apply sets the fields this field manager
+owns and leaves alone list entries and fields that other managers own
+(`kubectl set env`, admission mutators such as Kyverno or a sidecar
+injector, defaults the server fills in). An apply that changes nothing does
+not change the object, nor its resourceVersion. So the drift check needs no
+client-side comparison of lists, which would count other managers' entries
+as drift and "repair" them forever:
 
-* the applied hash: every object we write carries a digest of what we rendered.
-  A different digest means the spec changed, including fields we *stopped*
-  setting, which no comparison of the live object could notice;
-* the subset check: every field we render must still hold its value live. The
-  API server adds defaults (imagePullPolicy, terminationMessagePath...), so
-  equality would never hold; a hand edit of one of *our* fields breaks it.
-
-Equal on both counts means no write at all, so a steady state costs only reads.
+* no live object before: Created;
+* a different applied-hash on the live object: the spec changed, Updated;
+* same hash, but the apply changed the object in one of the fields we
+  render: someone edited our field by hand, Repaired (naming the fields);
+* otherwise nothing happened, whatever else moved meanwhile.
 """
 
 from __future__ import annotations
@@ -17,39 +21,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
 APPLIED_HASH = "pagoda.dev/applied-hash"
 
-_SUFFIXES = {
-    "": 1,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([numkMGTPE]i?|)$")
-# Keys whose values the API server canonicalises as resource.Quantity ("0.5" -> "500m").
-_QUANTITY_KEYS = {"requests", "limits", "sizeLimit"}
-
 
 class Action(str, Enum):
-    """What to do with one child."""
+    """What a write did to one child."""
 
     NONE = "none"
     CREATE = "create"
@@ -60,26 +41,15 @@ class Action(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The decision for one child and, for a repair, the fields found changed."""
+    """The outcome for one child and, for a repair, the fields found changed."""
 
     action: Action
     drifted: tuple[str, ...] = ()
 
 
-def parse_quantity(text: str) -> Decimal | None:
-    """The value of a Kubernetes quantity, or None if it is not one."""
-    match = _QUANTITY.match(text.strip())
-    if not match or match.group(2) not in _SUFFIXES:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
-    except InvalidOperation:
-        return None
-
-
-def applied_hash(desired: dict[str, Any]) -> str:
+def applied_hash(desired: Mapping[str, Any]) -> str:
     """A digest of a rendered object, ignoring the annotation that carries it."""
-    clean = copy.deepcopy(desired)
+    clean = copy.deepcopy(dict(desired))
     annotations = clean.get("metadata", {}).get("annotations", {})
     annotations.pop(APPLIED_HASH, None)
     if not annotations:
@@ -87,55 +57,57 @@ def applied_hash(desired: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(clean, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def stamp(desired: dict[str, Any]) -> dict[str, Any]:
+def stamp(desired: Mapping[str, Any]) -> dict[str, Any]:
     """The object to write: the rendered one plus its applied-hash annotation."""
-    stamped = copy.deepcopy(desired)
+    stamped = copy.deepcopy(dict(desired))
     stamped["metadata"].setdefault("annotations", {})[APPLIED_HASH] = applied_hash(desired)
     return stamped
 
 
-def _same_scalar(want: Any, have: Any, quantity: bool) -> bool:
-    if want == have:
-        return True
-    if quantity and isinstance(want, (str, int)) and isinstance(have, (str, int)):
-        a, b = parse_quantity(str(want)), parse_quantity(str(have))
-        return a is not None and a == b
-    return False
+def _version(obj: Mapping[str, Any] | None) -> Any:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
-def differences(want: Any, have: Any, path: str = "", quantity: bool = False) -> list[str]:
-    """Paths where `have` does not hold what `want` says; extra live fields are fine."""
+def _item(items: list[Any], name: Any) -> Any:
+    return next((i for i in items if isinstance(i, dict) and i.get("name") == name), None)
+
+
+def changed_fields(want: Any, before: Any, after: Any, path: str = "") -> list[str]:
+    """Paths of fields we render whose value the write changed (before -> after).
+
+    Only the fields in `want` are looked at, so fields and list entries other
+    managers own never count. Lists of named items are matched by name.
+    """
     if isinstance(want, dict):
-        if not isinstance(have, dict):
-            return [path or "."]
         out: list[str] = []
-        for key, value in want.items():
-            sub = f"{path}.{key}" if path else key
-            if key not in have:
-                # The API server drops empty maps and lists, and they mean "unset".
-                if value not in ({}, [], None):
-                    out.append(sub)
-                continue
-            out += differences(value, have[key], sub, quantity or key in _QUANTITY_KEYS)
+        for key, sub in want.items():
+            b = before.get(key) if isinstance(before, dict) else None
+            a = after.get(key) if isinstance(after, dict) else None
+            out += changed_fields(sub, b, a, f"{path}.{key}" if path else key)
         return out
-    if isinstance(want, list):
-        if not isinstance(have, list) or len(want) != len(have):
-            return [path]
+    if isinstance(want, list) and want and all(isinstance(i, dict) and "name" in i for i in want):
+        before_items = before if isinstance(before, list) else []
+        after_items = after if isinstance(after, list) else []
         out = []
-        for index, (a, b) in enumerate(zip(want, have)):
-            out += differences(a, b, f"{path}[{index}]", quantity)
+        for item in want:
+            name = item["name"]
+            out += changed_fields(
+                item, _item(before_items, name), _item(after_items, name), f"{path}[{name}]"
+            )
         return out
-    return [] if _same_scalar(want, have, quantity) else [path]
+    return [] if before == after else [path]
 
 
-def plan(desired: dict[str, Any], live: dict[str, Any] | None) -> Plan:
-    """What one child needs: nothing, creation, an update (spec changed) or a repair."""
-    if live is None:
+def classify(
+    desired: Mapping[str, Any], before: Mapping[str, Any] | None, after: Mapping[str, Any]
+) -> Plan:
+    """What applying `desired` did, from the object before and the server's answer."""
+    if before is None:
         return Plan(Action.CREATE)
-    live_hash = (live.get("metadata", {}).get("annotations") or {}).get(APPLIED_HASH)
+    live_hash = ((before.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH)
     if live_hash != applied_hash(desired):
         return Plan(Action.UPDATE)
-    drifted = differences(desired, live)
-    if drifted:
-        return Plan(Action.REPAIR, tuple(drifted))
-    return Plan(Action.NONE)
+    if _version(before) == _version(after):
+        return Plan(Action.NONE)
+    drifted = changed_fields(dict(desired), before, after)
+    return Plan(Action.REPAIR, tuple(drifted)) if drifted else Plan(Action.NONE)

@@ -1,29 +1,43 @@
 """What each kopf handler does, in plain functions; main.py only wires decorators.
 
-The handlers translate between kopf (body, patch, memo) and the domain
-(`reconcile`), and do the side effects kopf owns: the status patch and Events.
+One sync loop per LLMService (a kopf daemon) owns everything that object
+needs: it reconciles when woken by a watch event of the LLMService or of one of
+its children, and every `resync_seconds` as a safety net. Being the only
+writer of its object's children and status, it needs no lock, and it knows
+the status it last wrote. The handlers translate between kopf (body, memo,
+stop flag) and the domain (`reconcile`), and do the side effects around it:
+the status write, the Events, the metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
+import datetime
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from pagoda.operator import metrics
 from pagoda.operator import reconcile as rc
 from pagoda.operator import status as st
+from pagoda.operator.api import KubeApi
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.kube import Kube
+from pagoda.operator.errors import ApiError, Backoff
+from pagoda.operator.triggers import Triggers, owner_key
 
 FINALIZER = "pagoda.dev/finalizer"
 PREFIX = "pagoda.dev"
+# Kubernetes 1.30 turned on the native `sleep` preStop action by default.
+SLEEP_ACTION_SINCE = (1, 30)
 
 
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
-    """Operator-wide settings, applied once at start-up."""
+    """Operator-wide settings and shared state, once at start-up."""
     # Without timeouts a watch that the API server or a load balancer silently
     # drops never ends, and the operator goes blind after hours.
     settings.watching.server_timeout = 300
@@ -40,51 +54,148 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     settings.posting.level = logging.WARNING
     if "config" not in memo:
         memo["config"] = OperatorConfig.from_env()
-    memo.setdefault("kube", Kube())
+    memo.setdefault("triggers", Triggers())
+    memo.setdefault("api", KubeApi.from_environment())
 
 
-async def login(settings: kopf.OperatorSettings, memo: kopf.Memo) -> kopf.ConnectionInfo:
-    """In-cluster service account first, then a kubeconfig; shared with our client."""
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-    if info is None:
-        raise kopf.LoginError("no service account token and no kubeconfig found")
-    await memo.setdefault("kube", Kube()).use(info)
-    return info
-
-
-async def reconcile(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, trigger: str
-) -> None:
-    """Run one reconcile, then write the status changes and post the Events."""
-    # The timer and the change handlers of one object must not interleave: a
-    # resync that read the spec before an update could write the old spec after
-    # the update handler wrote the new one. (kopf's memo is per object here.)
-    lock = memo.get("reconcile_lock")
-    if lock is None:
-        lock = memo["reconcile_lock"] = asyncio.Lock()
-    async with lock:
-        await _reconcile(body, patch, memo, logger, trigger)
-
-
-async def _reconcile(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, trigger: str
-) -> None:
-    started = time.monotonic()
+async def detect_cluster(memo: kopf.Memo, logger: Any) -> None:
+    """Adapt the rendering to the cluster: the native sleep action needs 1.30+."""
+    api: KubeApi = memo["api"]
     try:
-        outcome = await rc.reconcile(body, memo["kube"], memo["config"])
+        version = await api.server_version()
+    except ApiError as e:
+        version = None
+        logger.warning(f"cannot read the API server's version ({e}); preStop uses exec sleep")
+    supported = version is not None and version >= SLEEP_ACTION_SINCE
+    memo["config"] = dataclasses.replace(memo["config"], sleep_action=supported)
+
+
+def login(memo: kopf.Memo) -> kopf.ConnectionInfo:
+    """kopf's credentials are the official client's: one source for both.
+
+    kopf calls this again after a 401; the client then re-reads its
+    credentials (a rotated token file, a fresh exec-plugin token).
+    """
+    if "api" in memo:
+        memo["api"].reload()
+    else:
+        memo["api"] = KubeApi.from_environment()
+    return memo["api"].connection_info()
+
+
+def child_changed(kind: str, body: Mapping[str, Any], memo: kopf.Memo) -> None:
+    """A watched child changed: wake the loop of the LLMService that owns it."""
+    memo["triggers"].poke(owner_key(kind, body))
+
+
+def llmservice_changed(body: Mapping[str, Any], memo: kopf.Memo) -> None:
+    """The LLMService changed: wake its loop if its spec did (not for our status writes)."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    memo["triggers"].poke_if_new_generation(key, meta.get("generation"))
+
+
+async def _woken(event: asyncio.Event | None, stopped: Any, timeout: float) -> str:
+    """Wait for a wake-up (unless `event` is None), a stop or the timeout; say which came first."""
+    waiters = {asyncio.ensure_future(stopped.wait())}
+    if event is not None:
+        waiters.add(asyncio.ensure_future(event.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    if stopped:
+        return "stop"
+    return "watch" if event is not None and event.is_set() else "resync"
+
+
+@dataclass(slots=True)
+class Memory:
+    """What one sync loop remembers between passes."""
+
+    # The status as last written: this loop is its only writer.
+    status: dict[str, Any] = field(default_factory=dict)
+    # The unknown spec fields last logged (logged again only when they change).
+    ignored: tuple[str, ...] = ()
+
+
+async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
+    """The sync loop of one LLMService, until kopf stops it (deletion or shutdown)."""
+    config: OperatorConfig = memo["config"]
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    triggers: Triggers = memo["triggers"]
+    wake = triggers.register(key)
+    backoff = Backoff(first=1.0, cap=config.resync_seconds)
+    memory = Memory(status=copy.deepcopy(dict(body.get("status") or {})))
+    trigger = "start"
+    try:
+        while not stopped:
+            wake.event.clear()
+            if (body.get("metadata") or {}).get("deletionTimestamp"):
+                break  # being deleted: kopf stops this loop; children go with their owner
+            generation = (body.get("metadata") or {}).get("generation")
+            try:
+                await reconcile_once(body, memo, memory, logger, trigger)
+                wake.generation = generation
+                backoff.reset()
+                reason = await _woken(wake.event, stopped, config.resync_seconds)
+            except ApiError as e:  # transient: permanent ones became conditions
+                delay = backoff.next()
+                logger.warning(f"reconcile failed, retrying in {delay:.0f}s: {e}")
+                # Watch events do not cut a backoff short (a throttled or
+                # failing API server gets no more calls); they are kept for later.
+                reason = "retry" if await _woken(None, stopped, delay) != "stop" else "stop"
+            if reason == "stop":
+                break
+            trigger = reason
+            if reason == "watch":
+                # A rollout sends a burst of events: answer them with one pass.
+                await asyncio.sleep(config.settle_seconds)
+    finally:
+        triggers.unregister(key, wake)
+
+
+async def reconcile_once(
+    body: kopf.Body, memo: kopf.Memo, memory: Memory, logger: Any, trigger: str
+) -> None:
+    """One reconcile, then the status write and the Events."""
+    api: KubeApi = memo["api"]
+    config: OperatorConfig = memo["config"]
+    meta = body.get("metadata") or {}
+    started = time.monotonic()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        outcome = await rc.reconcile(body, api, config, memory.status, now)
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
         raise
     finally:
         metrics.RECONCILE_SECONDS.labels(trigger).observe(time.monotonic() - started)
-    for key, value in st.changes(body.get("status") or {}, outcome.status).items():
-        patch.status[key] = value
     for write in outcome.writes:
         metrics.CHILD_WRITES.labels(write.kind, write.action.value).inc()
-    for kind, reason, message in outcome.events:
+        kind, reason, message = write.event()
         kopf.event(body, type=kind, reason=reason, message=message)
+    if outcome.ignored_fields and outcome.ignored_fields != memory.ignored:
+        logger.warning(
+            "ignoring fields this operator does not know (written for a newer CRD?): "
+            + ", ".join(outcome.ignored_fields)
+        )
+    memory.ignored = outcome.ignored_fields
+    changes = st.changes(memory.status, outcome.status)
+    if changes:
+        try:
+            await api.patch_status(meta.get("namespace", ""), meta.get("name", ""), changes)
+        except ApiError as e:
+            if not e.permanent:
+                raise
+            logger.error(f"the status was refused: {e}")
+            return
+    # Condition changes are told once, after the status that carries them is stored.
+    for kind, reason, message in st.transitions(memory.status, outcome.status):
+        kopf.event(body, type=kind, reason=reason, message=message)
+    memory.status = {**memory.status, **changes}
     if outcome.invalid is not None:
         logger.warning(f"not reconciled: {outcome.invalid}")
     metrics.RECONCILES.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
@@ -92,6 +203,6 @@ async def _reconcile(
 
 async def cleanup(memo: kopf.Memo) -> None:
     """Close our connection pool on shutdown."""
-    kube = memo.get("kube")
-    if kube is not None:
-        await kube.close()
+    api = memo.get("api")
+    if api is not None:
+        api.close()

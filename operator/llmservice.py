@@ -4,7 +4,8 @@
 typed values, resolves a resource profile, and re-checks the rules that the
 schema only enforces at admission (an object stored before a rule existed, or a
 profile whose GPU count does not fit the tensor-parallel size). Failures carry
-the path of the offending field, so conditions and Events can name it.
+the path of the offending field, so conditions and Events can name it. Fields
+this operator does not know (a newer CRD's) are ignored and listed, not fatal.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pagoda.operator.model import (
     LLMServiceSpec,
     ResourcesSpec,
     RuleError,
-    check_tensor_parallel,
+    check_gpus,
+    unknown_fields,
 )
 from pydantic import ValidationError
 
@@ -48,6 +50,7 @@ class Resources:
     """Compute for one pod after the profile and the explicit fields are merged."""
 
     gpus: int = 0
+    allow_unused_gpus: bool = False
     gpu_type: str | None = None
     cpu: str | None = None
     memory: str | None = None
@@ -64,6 +67,8 @@ class LLMService:
     generation: int | None
     spec: LLMServiceSpec
     resources: Resources
+    # Spec fields this operator does not know (written for a newer CRD); ignored.
+    ignored_fields: tuple[str, ...] = ()
 
     @property
     def served_model_name(self) -> str:
@@ -102,15 +107,16 @@ def resolve_resources(spec: LLMServiceSpec, config: OperatorConfig) -> Resources
     merged = base.model_copy(update=asked.model_dump(exclude_unset=True, exclude={"profile"}))
     resources = Resources(
         gpus=merged.gpus or 0,
+        allow_unused_gpus=bool(merged.allow_unused_gpus),
         gpu_type=merged.gpu_type,
         cpu=None if merged.cpu is None else str(merged.cpu),
         memory=None if merged.memory is None else str(merged.memory),
         shared_memory=str(merged.shared_memory or "8Gi"),
     )
     try:
-        check_tensor_parallel(resources.gpus, spec.tensor_parallel_size)
-    except ValueError as e:
-        raise InvalidSpec("spec.tensorParallelSize", str(e)) from None
+        check_gpus(resources.gpus, spec.tensor_parallel_size, resources.allow_unused_gpus)
+    except RuleError as e:
+        raise InvalidSpec("spec" + e.field_path, str(e)) from None
     if resources.gpu_type and resources.gpus == 0:
         raise InvalidSpec("spec.resources.gpuType", "gpuType needs gpus > 0")
     return resources
@@ -135,4 +141,26 @@ def parse(body: Mapping[str, Any], config: OperatorConfig) -> LLMService:
         generation=meta.get("generation"),
         spec=spec,
         resources=resolve_resources(spec, config),
+        ignored_fields=tuple(unknown_fields(LLMServiceSpec, body.get("spec") or {})),
     )
+
+
+def rollout_strategy(llms: LLMService) -> tuple[int | str, int | str]:
+    """(maxSurge, maxUnavailable): the spec's, or the defaults for this kind of pod.
+
+    A GPU pod cannot assume a spare GPU for a surge pod, so it steps down one
+    pod at a time (0, 1); a CPU pod surges first and never dips (1, 0). A field
+    left unset never makes both zero: it becomes 1 instead.
+    """
+    surge_default, unavailable_default = (0, 1) if llms.resources.gpus else (1, 0)
+    asked = llms.spec.rollout
+    surge = asked.max_surge if asked.max_surge is not None else surge_default
+    unavailable = (
+        asked.max_unavailable if asked.max_unavailable is not None else unavailable_default
+    )
+    if surge in (0, "0%") and unavailable in (0, "0%"):
+        if asked.max_surge is None:
+            surge = 1
+        else:
+            unavailable = 1
+    return surge, unavailable

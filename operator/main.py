@@ -1,7 +1,9 @@
 """The kopf handlers of the Pagoda operator: decorators only, the work is elsewhere.
 
-Create, resume and update run the same idempotent reconcile; a timer re-runs
-it to repair drift and refresh the status from the Deployment and its pods.
+Each LLMService gets one sync loop (a daemon) that reconciles on start, when
+the LLMService's spec changes, when one of its children changes (the owned
+kinds are watched and each event is mapped to its owner) and, as a safety
+net, every `resync_seconds` of the operator's configuration.
 Run with `pagoda-operator` (see cli.py) or `kopf run -m pagoda.operator.main`.
 """
 
@@ -11,37 +13,62 @@ from typing import Any
 
 import kopf
 from pagoda.operator import handlers
-from pagoda.operator.config import resync_seconds_from_env
 from pagoda.operator.model import GROUP, PLURAL, VERSION
+from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL
+from pagoda.operator.triggers import SERVICE_NAME_LABEL
 
 LLMS = (GROUP, VERSION, PLURAL)
-RESYNC_SECONDS = resync_seconds_from_env()
+
+# The kinds an LLMService owns, watched so that repair and status follow a
+# change within seconds: kind -> (kopf resource, label filter).
+CHILDREN: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "Deployment": (("apps", "v1", "deployments"), {MANAGED_BY_LABEL: MANAGED_BY}),
+    "Service": (("v1", "services"), {MANAGED_BY_LABEL: MANAGED_BY}),
+    "ConfigMap": (("v1", "configmaps"), {MANAGED_BY_LABEL: MANAGED_BY}),
+    "PodDisruptionBudget": (
+        ("policy", "v1", "poddisruptionbudgets"),
+        {MANAGED_BY_LABEL: MANAGED_BY},
+    ),
+    "Pod": (("v1", "pods"), {MANAGED_BY_LABEL: MANAGED_BY}),
+    "EndpointSlice": (
+        ("discovery.k8s.io", "v1", "endpointslices"),
+        {SERVICE_NAME_LABEL: kopf.PRESENT},
+    ),
+}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
     handlers.configure(settings, memo)
+    await handlers.detect_cluster(memo, logger)
 
 
 @kopf.on.login()
-async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    return await handlers.login(settings, memo)
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    return handlers.login(memo)
 
 
-@kopf.on.resume(*LLMS)
-@kopf.on.create(*LLMS)
-@kopf.on.update(*LLMS)
-async def reconcile(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, reason: str, **_: Any
-) -> None:
-    await handlers.reconcile(body, patch, memo, logger, trigger=str(reason))
+@kopf.daemon(*LLMS, id="sync", cancellation_timeout=10.0)
+async def sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
+    await handlers.keep_in_sync(body, memo, stopped, logger)
 
 
-@kopf.timer(*LLMS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: Any, **_: Any
-) -> None:
-    await handlers.reconcile(body, patch, memo, logger, trigger="resync")
+@kopf.on.event(*LLMS, id="spec-changed")
+def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    handlers.llmservice_changed(body, memo)
+
+
+def _wake_owner(kind: str) -> Any:
+    def wake_owner(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        handlers.child_changed(kind, body, memo)
+
+    return wake_owner
+
+
+for _kind, (_resource, _labels) in CHILDREN.items():
+    kopf.on.event(*_resource, labels=_labels, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
 
 
 @kopf.on.cleanup()

@@ -7,7 +7,8 @@ the same models before any logic runs. Cross-field rules are written twice,
 side by side: as CEL (enforced by a real API server at admission) and as a
 pydantic validator (enforced by the operator, for objects that predate a rule
 or API servers that do not run CEL). `tests/operator/test_model.py` evaluates
-both on the same cases so the two cannot drift apart.
+both on the same cases so the two cannot drift apart. What the runtime cannot do
+yet (tensor parallelism) is refused by rules built from `capabilities.py`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+from pagoda.operator.capabilities import (
+    MAX_GPUS_PER_POD,
+    MAX_TENSOR_PARALLEL_SIZE,
+    TENSOR_PARALLEL_UNSUPPORTED,
+    tensor_parallel_supported,
+)
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -63,6 +70,12 @@ OWNED_FLAGS = (
 )
 OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 
+GPUS_MESSAGE = (
+    "resources.gpus must equal tensorParallelSize: each tensor-parallel rank drives one GPU "
+    "and any more would sit idle (set resources.allowUnusedGpus to request them anyway); "
+    "CPU-only pods run with tensorParallelSize 1"
+)
+
 IntOrPercent = Annotated[
     int | str,
     Field(json_schema_extra={"x-pagoda-int-or-string": True}),
@@ -90,16 +103,18 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str
 
 
 class Model(BaseModel):
-    """Base of every spec model: camelCase on the wire, unknown fields rejected.
+    """Base of every spec model: camelCase on the wire, unknown fields ignored.
 
-    A real API server prunes unknown fields before the operator sees them; an
-    unknown field that reaches the operator anyway is a mistake worth naming.
+    Ignored, not rejected: a newer CRD may add a field before this operator is
+    upgraded, and an older operator must keep serving every object (the API
+    server stores the field; the operator logs it, see `unknown_fields`) rather
+    than mark them all InvalidSpec.
     """
 
     model_config = ConfigDict(
         alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
         populate_by_name=True,
-        extra="forbid",
+        extra="ignore",
         frozen=True,
     )
 
@@ -146,7 +161,16 @@ class ResourcesSpec(Model):
         "`profiles` value). Explicit fields below override the profile's.",
     )
     gpus: int | None = Field(
-        None, ge=0, le=16, description="GPUs per pod (`nvidia.com/gpu`). 0 or unset: CPU only."
+        None,
+        ge=0,
+        le=MAX_GPUS_PER_POD,
+        description="GPUs per pod (`nvidia.com/gpu`). 0 or unset: CPU only. Must equal "
+        "tensorParallelSize unless allowUnusedGpus is set.",
+    )
+    allow_unused_gpus: bool | None = Field(
+        None,
+        description="Allow more GPUs than tensorParallelSize uses (the others sit idle, "
+        "e.g. for a sidecar that needs one).",
     )
     gpu_type: str | None = Field(
         None,
@@ -161,7 +185,7 @@ class ResourcesSpec(Model):
     )
     shared_memory: Quantity | None = Field(
         None,
-        description="Size of the memory-backed /dev/shm that tensor parallelism needs "
+        description="Size of the memory-backed /dev/shm that processes sharing tensors need "
         "(mounted when tensorParallelSize > 1). Default 8Gi; counts against `memory`.",
     )
 
@@ -307,6 +331,12 @@ class SchedulingSpec(Model):
     runtime_class_name: str | None = Field(
         None, max_length=253, pattern=DNS_SUBDOMAIN, description="e.g. `nvidia`."
     )
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=16,
+        description="core/v1 TopologySpreadConstraints of the pods. Unset: spread across "
+        "nodes when possible (kubernetes.io/hostname, ScheduleAnyway); [] for none.",
+    )
 
 
 class EnvVar(Model):
@@ -320,13 +350,15 @@ class EnvVar(Model):
 
 
 class RolloutSpec(Model):
-    """How a changed spec rolls out. The defaults replace pods one by one, never below capacity."""
+    """How a changed spec rolls out. Unset fields default by the kind of pod: CPU pods surge (maxSurge 1, maxUnavailable 0: a new pod starts before an old one stops); GPU pods do not (maxSurge 0, maxUnavailable 1: no spare GPU is assumed)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!(type(self.maxSurge) == string ? self.maxSurge == '0%' : self.maxSurge == 0)"
+                    "!has(self.maxSurge) || !has(self.maxUnavailable)"
+                    " || !(type(self.maxSurge) == string"
+                    " ? self.maxSurge == '0%' : self.maxSurge == 0)"
                     " || !(type(self.maxUnavailable) == string"
                     " ? self.maxUnavailable == '0%' : self.maxUnavailable == 0)",
                     "maxSurge and maxUnavailable cannot both be zero",
@@ -335,15 +367,21 @@ class RolloutSpec(Model):
         }
     )
 
-    max_surge: IntOrPercent = Field(1, description="Extra pods during a rollout (count or %).")
-    max_unavailable: IntOrPercent = Field(
-        0, description="Pods that may be missing during a rollout (count or %)."
+    max_surge: IntOrPercent | None = Field(
+        None,
+        description="Extra pods during a rollout (count or %). Default: 1 for CPU pods, "
+        "0 for GPU pods.",
+    )
+    max_unavailable: IntOrPercent | None = Field(
+        None,
+        description="Pods that may be missing during a rollout (count or %). Default: 0 "
+        "for CPU pods, 1 for GPU pods.",
     )
 
     @field_validator("max_surge", "max_unavailable")
     @classmethod
-    def _check(cls, value: int | str) -> int | str:
-        return _int_or_percent(value)
+    def _check(cls, value: int | str | None) -> int | str | None:
+        return None if value is None else _int_or_percent(value)
 
     @model_validator(mode="after")
     def _not_both_zero(self) -> RolloutSpec:
@@ -378,13 +416,19 @@ class LLMServiceSpec(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
+                    f"self.tensorParallelSize <= {MAX_TENSOR_PARALLEL_SIZE}",
+                    TENSOR_PARALLEL_UNSUPPORTED,
+                    ".tensorParallelSize",
+                ),
+                cel(
                     "has(self.resources.profile) || (has(self.resources.gpus)"
                     " && self.resources.gpus > 0"
-                    " ? self.resources.gpus % self.tensorParallelSize == 0"
+                    " ? self.resources.gpus == self.tensorParallelSize"
+                    " || (has(self.resources.allowUnusedGpus) && self.resources.allowUnusedGpus"
+                    " && self.resources.gpus > self.tensorParallelSize)"
                     " : self.tensorParallelSize == 1)",
-                    "tensorParallelSize must divide resources.gpus "
-                    "(and CPU-only pods run with tensorParallelSize 1)",
-                    ".tensorParallelSize",
+                    GPUS_MESSAGE,
+                    ".resources.gpus",
                 ),
                 cel(
                     "!self.model.startsWith('hf://') || has(self.modelCache)",
@@ -425,9 +469,20 @@ class LLMServiceSpec(Model):
         None, max_length=253, pattern=DNS_SUBDOMAIN, description="The pods' ServiceAccount."
     )
     replicas: int = Field(1, ge=0, le=1024, description="Runtime pods. `kubectl scale` sets it.")
+    min_available: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Serving endpoints needed to report Ready (at most `replicas`). A "
+        "scale-out never lowers readiness; fewer serving pods than this does.",
+    )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs one model replica is sharded over (in one pod)."
+        1,
+        ge=1,
+        le=MAX_GPUS_PER_POD,
+        description="GPUs one model replica is sharded over (in one pod). Only 1 until "
+        "the runtime supports tensor parallelism.",
     )
     engine: EngineSpec = Field(default_factory=EngineSpec)
     api_key_secret_ref: SecretKeyRef | None = Field(
@@ -450,11 +505,13 @@ class LLMServiceSpec(Model):
 
     @model_validator(mode="after")
     def _cross_field(self) -> LLMServiceSpec:
+        check_tensor_parallel(self.tensor_parallel_size)
         if not self.resources.profile:
-            try:
-                check_tensor_parallel(self.resources.gpus or 0, self.tensor_parallel_size)
-            except ValueError as e:
-                raise RuleError(".tensorParallelSize", str(e)) from None
+            check_gpus(
+                self.resources.gpus or 0,
+                self.tensor_parallel_size,
+                bool(self.resources.allow_unused_gpus),
+            )
         if self.model.startswith("hf://") and self.model_cache is None:
             raise RuleError(
                 ".modelCache",
@@ -463,16 +520,20 @@ class LLMServiceSpec(Model):
         return self
 
 
-def check_tensor_parallel(gpus: int, tensor_parallel_size: int) -> None:
-    """The rule the CEL twin enforces, also applied after a profile is resolved."""
-    if gpus > 0 and gpus % tensor_parallel_size != 0:
-        raise ValueError(
-            f"tensorParallelSize {tensor_parallel_size} must divide resources.gpus ({gpus})"
-        )
-    if gpus == 0 and tensor_parallel_size != 1:
-        raise ValueError(
-            f"tensorParallelSize {tensor_parallel_size} needs GPUs: CPU-only pods run with 1"
-        )
+def check_tensor_parallel(tensor_parallel_size: int) -> None:
+    """The runtime's limit (see capabilities.py); the CEL twin enforces the same."""
+    if not tensor_parallel_supported(tensor_parallel_size):
+        raise RuleError(".tensorParallelSize", TENSOR_PARALLEL_UNSUPPORTED)
+
+
+def check_gpus(gpus: int, tensor_parallel_size: int, allow_unused: bool) -> None:
+    """One GPU per rank; also applied after a profile is resolved."""
+    if gpus == 0:
+        ok = tensor_parallel_size == 1
+    else:
+        ok = gpus == tensor_parallel_size or (allow_unused and gpus > tensor_parallel_size)
+    if not ok:
+        raise RuleError(".resources.gpus", GPUS_MESSAGE)
 
 
 class Condition(Model):
@@ -484,15 +545,6 @@ class Condition(Model):
     message: str = ""
     last_transition_time: str
     observed_generation: int | None = None
-
-
-class AdapterStatus(Model):
-    """Reserved for LoRA hot-loading: one adapter and the pods it is loaded into."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    loaded_pods: list[str] = Field(default_factory=list)
 
 
 class LLMServiceStatus(Model):
@@ -507,7 +559,34 @@ class LLMServiceStatus(Model):
     )
     endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI API.")
     conditions: list[Condition] = Field(default_factory=list)
-    # Reserved for the LoRA and autoscaling features; documented in docs/operator.md.
-    adapters: list[AdapterStatus] | None = None
-    queue_depth: int | None = Field(None, description="Reserved: requests waiting, all pods.")
-    desired_replicas: int | None = Field(None, description="Reserved: the autoscaler's wish.")
+
+
+def unknown_fields(model: type[BaseModel], data: Any, path: str = "spec") -> list[str]:
+    """Paths in `data` that `model` does not declare (ignored, see `Model`)."""
+    if not isinstance(data, dict):
+        return []
+    known = {
+        (info.validation_alias if isinstance(info.validation_alias, str) else None)
+        or to_camel(name): info
+        for name, info in model.model_fields.items()
+    }
+    found = []
+    for key, value in data.items():
+        info = known.get(key)
+        if info is None:
+            found.append(f"{path}.{key}")
+            continue
+        for sub in _models_in(info.annotation):
+            if isinstance(value, list):
+                for index, item in enumerate(value):
+                    found += unknown_fields(sub, item, f"{path}.{key}[{index}]")
+            else:
+                found += unknown_fields(sub, value, f"{path}.{key}")
+    return found
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The Model classes inside a field's type (`X | None`, `list[X]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]

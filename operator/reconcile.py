@@ -1,8 +1,14 @@
 """One reconcile of one LLMService: validate, render, apply, observe.
 
-Create, resume, update and the resync timer all run this same function (the
-poolboy `manage()` shape), so there is one code path to trust. It is
-idempotent: on an unchanged spec and an undisturbed cluster it only reads.
+The LLMService's sync loop runs this same function on start, on every watch
+event of the LLMService or its children, and on every resync (the poolboy
+`manage()` shape), so there is one code path to trust. It applies every child
+with server-side apply and lets the API server decide what changes: on an
+unchanged spec and an undisturbed cluster no object changes and nothing is
+reported. A child whose name is taken by an object this LLMService does not
+own is never touched (`ownership`). A write the API server refuses for good
+(4xx) becomes a condition; one it may accept later raises `ApiError` for the
+loop to retry with backoff.
 """
 
 from __future__ import annotations
@@ -13,13 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator import status as st
+from pagoda.operator.api import KubeApi
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.drift import Action, plan, stamp
-from pagoda.operator.kube import Kube, Target, target_of
+from pagoda.operator.drift import Action, classify, stamp
+from pagoda.operator.errors import ApiError, condition_reason
 from pagoda.operator.llmservice import InvalidSpec, LLMService, MissingReference, parse
+from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
-from pagoda.operator.render.labels import selector_string
+from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
+from pagoda.operator.render.labels import selector_labels, selector_string, service_name
 from pagoda.operator.render.service import endpoint
+from pagoda.operator.triggers import SERVICE_NAME_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,77 +64,131 @@ class Outcome:
 
     status: dict[str, Any]
     writes: list[Write] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
     invalid: InvalidSpec | None = None
+    ignored_fields: tuple[str, ...] = ()
 
 
-def now() -> str:
-    """RFC 3339 UTC time, seconds precision, as conditions carry it."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+async def check_references(api: KubeApi, llms: LLMService) -> None:
+    """Refuse to roll out pods that could never start: missing Secrets and claims.
 
-
-async def check_references(kube: Kube, llms: LLMService) -> None:
-    """Refuse to roll out pods that could never start: missing Secrets and claims."""
+    The Secret check runs only where the operator may read Secrets (a Role in
+    namespaced mode); cluster-wide it has no such right, and a missing Secret
+    shows up as the pods' CreateContainerConfigError instead.
+    """
     ns, spec = llms.namespace, llms.spec
-    ref = spec.api_key_secret_ref
-    if ref is not None:
-        secret = await kube.get(Target("Secret", ns, ref.name))
-        if secret is None:
-            raise MissingReference(
-                "spec.apiKeySecretRef.name", f"Secret {ref.name!r} not found in namespace {ns!r}"
-            )
-        if ref.key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
-            raise MissingReference(
-                "spec.apiKeySecretRef.key", f"Secret {ref.name!r} has no key {ref.key!r}"
-            )
+    if spec.api_key_secret_ref is not None:
+        await _check_secret(api, ns, spec.api_key_secret_ref.name, spec.api_key_secret_ref.key)
     claims = []
     if spec.model.startswith("pvc://"):
         claims.append(("spec.model", spec.model.removeprefix("pvc://").partition("/")[0]))
     if spec.model_cache is not None:
         claims.append(("spec.modelCache.claimName", spec.model_cache.claim_name))
     for path, claim in claims:
-        if await kube.get(Target("PersistentVolumeClaim", ns, claim)) is None:
+        if await api.get("PersistentVolumeClaim", ns, claim) is None:
             raise MissingReference(
                 path, f"PersistentVolumeClaim {claim!r} not found in namespace {ns!r}"
             )
 
 
-async def reconcile(body: Mapping[str, Any], kube: Kube, config: OperatorConfig) -> Outcome:
-    """Bring the children in line with the spec and compute the status."""
-    previous = body.get("status") or {}
+async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> None:
+    try:
+        secret = await api.get("Secret", namespace, name)
+    except ApiError as e:
+        if e.status == 403:
+            return  # no right to read Secrets here: the pods will tell
+        raise
+    if secret is None:
+        raise MissingReference(
+            "spec.apiKeySecretRef.name", f"Secret {name!r} not found in namespace {namespace!r}"
+        )
+    if key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
+        raise MissingReference("spec.apiKeySecretRef.key", f"Secret {name!r} has no key {key!r}")
+
+
+def _refused(error: ApiError) -> st.Problem:
+    return st.Problem(condition_reason(error.status), f"the API server refused {error}")
+
+
+async def reconcile(
+    body: Mapping[str, Any],
+    api: KubeApi,
+    config: OperatorConfig,
+    previous: Mapping[str, Any],
+    now: datetime.datetime,
+) -> Outcome:
+    """Bring the children in line with the spec and compute the status.
+
+    `previous` is the status as last written. Raises ApiError only for
+    transient errors (the caller retries with backoff).
+    """
     try:
         llms = parse(body, config)
-        await check_references(kube, llms)
+        await check_references(api, llms)
     except InvalidSpec as problem:
-        generation = body.get("metadata", {}).get("generation")
-        status = st.invalid(problem, generation, previous, now())
-        return Outcome(status, events=st.transitions(previous, status), invalid=problem)
+        generation = (body.get("metadata") or {}).get("generation")
+        return Outcome(st.invalid(problem, generation, previous, now), invalid=problem)
 
     children = render_children(llms, config)
     writes: list[Write] = []
+    problems: list[st.Problem] = []
     deployment: dict[str, Any] | None = None
+    template_hash: str | None = None
     for desired in children.present:
-        target = target_of(desired)
-        live = await kube.get(target)
-        decision = plan(desired, live)
-        if decision.action is not Action.NONE:
-            live = await kube.apply(stamp(desired), config.field_manager)
-            writes.append(Write(decision.action, target.kind, target.name or "", decision.drifted))
-        if target.kind == "Deployment":
-            deployment = live
+        kind, name = desired["kind"], desired["metadata"]["name"]
+        try:
+            live = await api.get(kind, llms.namespace, name)
+            taken = conflict(kind, live, llms.uid)
+            if taken is not None:
+                problems.append(st.Problem("ChildConflict", taken.message()))
+                continue
+            applied = await api.apply(stamp(desired), config.field_manager)
+        except ApiError as e:
+            if not e.permanent:
+                raise
+            problems.append(_refused(e))
+            continue
+        plan = classify(desired, live, applied)
+        if plan.action is not Action.NONE:
+            writes.append(Write(plan.action, kind, name, plan.drifted))
+        if kind == "Deployment":
+            deployment = applied
+            template_hash = desired["spec"]["template"]["metadata"]["annotations"][
+                TEMPLATE_HASH_ANNOTATION
+            ]
     for ref in children.absent:
-        target = Target(ref.kind, ref.namespace, ref.name)
-        if await kube.get(target) is not None and await kube.delete(target):
-            writes.append(Write(Action.DELETE, ref.kind, ref.name))
+        try:
+            live = await api.get(ref.kind, ref.namespace, ref.name)
+            # Not ours (a user's own PodDisruptionBudget, say): not ours to delete.
+            if live is None or not owned_by(live, llms.uid):
+                continue
+            meta = live["metadata"]
+            if await api.delete(
+                ref.kind, ref.namespace, ref.name, meta["uid"], meta.get("resourceVersion")
+            ):
+                writes.append(Write(Action.DELETE, ref.kind, ref.name))
+        except ApiError as e:
+            if not e.permanent:
+                raise
+            problems.append(_refused(e))
 
-    pods = await kube.list(Target("Pod", llms.namespace), selector_string(llms))
+    observed = st.Observed(
+        deployment,
+        pods=tuple(await api.list("Pod", llms.namespace, selector_labels(llms))),
+        endpoint_slices=tuple(
+            await api.list(
+                "EndpointSlice", llms.namespace, {SERVICE_NAME_LABEL: service_name(llms)}
+            )
+        ),
+        template_hash=template_hash,
+        problems=tuple(problems),
+    )
     status = st.compute(
         llms,
-        st.Observed(deployment, tuple(pods)),
+        observed,
         endpoint=endpoint(llms, config),
         selector=selector_string(llms),
         previous=previous,
-        now=now(),
+        now=now,
+        unschedulable_grace=config.unschedulable_grace_seconds,
     )
-    events = [w.event() for w in writes] + st.transitions(previous, status)
-    return Outcome(status, writes, events)
+    return Outcome(status, writes, ignored_fields=llms.ignored_fields)

@@ -1,19 +1,29 @@
 """The status of an LLMService, computed from what the cluster says (pure).
 
-Conditions follow the Kubernetes API conventions: `Ready` (the endpoint serves
-at the promised capacity), `Progressing` (a rollout is under way) and
-`Degraded` (something needs a human). Each keeps its lastTransitionTime until
-its status really flips, so a steady object makes no status writes at all.
+Three conditions, defined the way Deployments and KServe define theirs:
+
+* `Ready`: the Service has at least `minAvailable` serving endpoints (capped
+  at `replicas`) and the whole spec is applied. Readiness is about whether the
+  endpoint answers, so scaling out, which only adds capacity, never lowers it.
+* `Progressing`: a rollout or a scale is under way; the message says how many
+  pods run the current spec and are ready.
+* `Degraded`: a fault that needs a person: a crash loop, an image that cannot
+  be pulled, a pod unschedulable past a grace period, a child whose name is
+  taken (ChildConflict), a spec the operator or the API server refuses.
+
+Each condition keeps its lastTransitionTime until its status really flips, so
+a steady object makes no status writes at all.
 """
 
 from __future__ import annotations
 
-import math
+import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.llmservice import InvalidSpec, LLMService
+from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
 
 # Waiting reasons of a container that will not fix themselves.
 FAILING_WAITING = {
@@ -28,14 +38,6 @@ FAILING_WAITING = {
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
-    """The facts a status is computed from."""
-
-    deployment: Mapping[str, Any] | None
-    pods: tuple[Mapping[str, Any], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Problem:
     """One reason the service is degraded."""
 
@@ -43,21 +45,48 @@ class Problem:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The facts a status is computed from."""
+
+    deployment: Mapping[str, Any] | None
+    pods: tuple[Mapping[str, Any], ...] = ()
+    endpoint_slices: tuple[Mapping[str, Any], ...] = ()
+    # The pod-template hash of the spec just applied: pods carrying it are new.
+    template_hash: str | None = None
+    # What kept parts of the spec from being applied (conflicts, refused writes).
+    problems: tuple[Problem, ...] = ()
+
+
+def timestamp(now: datetime.datetime) -> str:
+    """RFC 3339 UTC, seconds precision, as conditions carry it."""
+    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def condition(
     kind: str,
     status: bool,
     reason: str,
     message: str,
-    now: str,
+    now: datetime.datetime,
     previous: Iterable[Mapping[str, Any]],
     generation: int | None,
 ) -> dict[str, Any]:
     """A condition; its lastTransitionTime moves only when its status flips."""
     value = "True" if status else "False"
-    since = now
+    since = timestamp(now)
     for old in previous:
         if old.get("type") == kind and old.get("status") == value:
-            since = old.get("lastTransitionTime") or now
+            since = old.get("lastTransitionTime") or since
     out = {
         "type": kind,
         "status": value,
@@ -70,18 +99,52 @@ def condition(
     return out
 
 
-def pod_problems(pods: Iterable[Mapping[str, Any]]) -> list[Problem]:
-    """Pods that are failing in a way a rollout will not cure, one Problem per pod."""
+def serving_endpoints(slices: Iterable[Mapping[str, Any]]) -> int:
+    """Distinct addresses the Service routes to (EndpointSlice conditions.ready).
+
+    An unset `ready` means unknown, which consumers treat as ready; a
+    terminating endpoint is on its way out and is not counted.
+    """
+    addresses: set[str] = set()
+    for endpoint_slice in slices:
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            if conditions.get("ready") is False or conditions.get("terminating"):
+                continue
+            addresses.update(endpoint.get("addresses") or [])
+    return len(addresses)
+
+
+def _terminating(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition, as the kubelet reports it."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_problems(
+    pods: Iterable[Mapping[str, Any]], now: datetime.datetime, unschedulable_grace: float
+) -> list[Problem]:
+    """Pods failing in a way a rollout will not cure, one Problem per cause."""
     problems = []
     for pod in pods:
-        name = pod.get("metadata", {}).get("name", "?")
-        status = pod.get("status", {})
-        if pod.get("metadata", {}).get("deletionTimestamp"):
+        if _terminating(pod):
             continue  # a terminating pod's troubles are over
-        for cond in status.get("conditions", []):
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                problems.append(Problem("Unschedulable", f"pod {name}: {cond.get('message', '')}"))
-        for cs in status.get("containerStatuses", []):
+                since = _parse_time(cond.get("lastTransitionTime")) or now
+                waited = (now - since).total_seconds()
+                if waited >= unschedulable_grace:
+                    message = (
+                        f"pod {name}: unschedulable for {int(waited)}s: {cond.get('message', '')}"
+                    )
+                    problems.append(Problem("Unschedulable", message))
+        for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             last = (cs.get("lastState") or {}).get("terminated") or {}
             if waiting.get("reason") in FAILING_WAITING:
@@ -92,9 +155,10 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> list[Problem]:
     return problems
 
 
-def _deployment_problems(deployment: Mapping[str, Any]) -> list[Problem]:
+def deployment_problems(deployment: Mapping[str, Any]) -> list[Problem]:
+    """The Deployment controller's own verdicts: a stuck rollout, failed pod creation."""
     problems = []
-    for cond in deployment.get("status", {}).get("conditions", []):
+    for cond in (deployment.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
             problems.append(Problem("ProgressDeadlineExceeded", cond.get("message", "")))
         if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
@@ -102,37 +166,31 @@ def _deployment_problems(deployment: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-def _resolve(value: int | str, total: int, round_up: bool) -> int:
-    if isinstance(value, int):
-        return value
-    share = total * int(value.rstrip("%")) / 100
-    return math.ceil(share) if round_up else math.floor(share)
-
-
-def min_ready(llms: LLMService) -> int:
-    """Ready pods needed to count as Ready: as a Deployment's `Available`."""
-    replicas = llms.spec.replicas
-    unavailable = _resolve(llms.spec.rollout.max_unavailable, replicas, round_up=False)
-    return max(1, replicas - unavailable)
-
-
-def _rolling(llms: LLMService, deployment: Mapping[str, Any]) -> tuple[bool, str]:
-    status = deployment.get("status", {})
-    generation = deployment.get("metadata", {}).get("generation")
-    observed = status.get("observedGeneration")
+def progress(llms: LLMService, observed: Observed) -> tuple[bool, str, str]:
+    """(under way, reason, message) of the Progressing condition."""
+    dep = observed.deployment or {}
     desired = llms.spec.replicas
-    updated = status.get("updatedReplicas") or 0
-    total = status.get("replicas") or 0
-    ready = status.get("readyReplicas") or 0
-    if generation is not None and (observed is None or observed < generation):
-        return True, "the Deployment controller has not observed the new spec yet"
-    if updated < desired:
-        return True, f"{updated} of {desired} pods updated"
-    if total > updated:
-        return True, f"{total - updated} old pods terminating"
-    if ready < desired:
-        return True, f"{ready} of {desired} pods ready"
-    return False, f"{desired} of {desired} pods updated and ready"
+    generation = (dep.get("metadata") or {}).get("generation")
+    seen = (dep.get("status") or {}).get("observedGeneration")
+    if generation is not None and (seen is None or seen < generation):
+        return True, "RollingOut", "waiting for the Deployment controller to see the new spec"
+    live = [p for p in observed.pods if not _terminating(p)]
+    new = [
+        p
+        for p in live
+        if ((p.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
+        == observed.template_hash
+    ]
+    old = len(live) - len(new)
+    new_ready = sum(1 for p in new if pod_ready(p))
+    summary = f"{new_ready} of {desired} pods new and ready"
+    if old:
+        return True, "RollingOut", f"{summary}; {old} old pods still running"
+    if new_ready < desired:
+        return True, "ScalingUp", summary
+    if len(new) > desired:
+        return True, "ScalingDown", f"{summary}; {len(new) - desired} pods to remove"
+    return False, "RolloutComplete", summary
 
 
 def compute(
@@ -141,35 +199,45 @@ def compute(
     endpoint: str,
     selector: str,
     previous: Mapping[str, Any],
-    now: str,
+    now: datetime.datetime,
+    unschedulable_grace: float = 300.0,
 ) -> dict[str, Any]:
-    """The full status from the live Deployment and pods."""
+    """The full status from the applied children, the pods and the endpoints."""
     gen = llms.generation
     old = previous.get("conditions") or []
     dep = observed.deployment or {}
-    dep_status = dep.get("status", {})
-    ready = dep_status.get("readyReplicas") or 0
+    dep_status = dep.get("status") or {}
     desired = llms.spec.replicas
 
-    problems = _deployment_problems(dep) + pod_problems(observed.pods)
-    rolling, progress = _rolling(llms, dep)
-    deadline = any(p.reason == "ProgressDeadlineExceeded" for p in problems)
-
+    serving = serving_endpoints(observed.endpoint_slices)
+    need = min(llms.spec.min_available, desired)
+    blocking = observed.problems
     if desired == 0:
-        ready_cond = condition("Ready", False, "ScaledToZero", "replicas is 0", now, old, gen)
-    elif ready >= min_ready(llms):
-        msg = f"{ready} of {desired} pods ready"
-        ready_cond = condition("Ready", True, "MinimumReplicasReady", msg, now, old, gen)
+        ready = condition("Ready", False, "ScaledToZero", "replicas is 0", now, old, gen)
+    elif blocking:
+        message = "the spec is not fully applied: " + "; ".join(p.message for p in blocking[:3])
+        ready = condition("Ready", False, blocking[0].reason, message, now, old, gen)
+    elif serving >= need:
+        message = f"{serving} serving endpoints (need {need})"
+        ready = condition("Ready", True, "Serving", message, now, old, gen)
     else:
-        msg = f"{ready} of {desired} pods ready (need {min_ready(llms)})"
-        ready_cond = condition("Ready", False, "MinimumReplicasUnavailable", msg, now, old, gen)
+        message = f"{serving} serving endpoints, need {need}"
+        ready = condition("Ready", False, "EndpointsUnavailable", message, now, old, gen)
 
-    if deadline:
-        prog = condition("Progressing", False, "ProgressDeadlineExceeded", progress, now, old, gen)
-    elif rolling:
-        prog = condition("Progressing", True, "RollingOut", progress, now, old, gen)
+    problems = [
+        *blocking,
+        *deployment_problems(dep),
+        *pod_problems(observed.pods, now, unschedulable_grace),
+    ]
+    under_way, reason, message = progress(llms, observed)
+    if any(p.reason == "ProgressDeadlineExceeded" for p in problems):
+        prog = condition("Progressing", False, "ProgressDeadlineExceeded", message, now, old, gen)
+    elif observed.deployment is None and blocking:
+        prog = condition(
+            "Progressing", False, blocking[0].reason, blocking[0].message, now, old, gen
+        )
     else:
-        prog = condition("Progressing", False, "RolloutComplete", progress, now, old, gen)
+        prog = condition("Progressing", under_way, reason, message, now, old, gen)
 
     if problems:
         message = "; ".join(p.message for p in problems[:5])
@@ -180,16 +248,19 @@ def compute(
     return {
         "observedGeneration": gen,
         "replicas": dep_status.get("replicas") or 0,
-        "readyReplicas": ready,
+        "readyReplicas": dep_status.get("readyReplicas") or 0,
         "updatedReplicas": dep_status.get("updatedReplicas") or 0,
         "selector": selector,
         "endpoint": endpoint,
-        "conditions": [ready_cond, prog, degraded],
+        "conditions": [ready, prog, degraded],
     }
 
 
 def invalid(
-    problem: InvalidSpec, generation: int | None, previous: Mapping[str, Any], now: str
+    problem: InvalidSpec,
+    generation: int | None,
+    previous: Mapping[str, Any],
+    now: datetime.datetime,
 ) -> dict[str, Any]:
     """The status of a spec the operator refuses to act on; children are left as they are."""
     old = previous.get("conditions") or []

@@ -4,15 +4,21 @@ The pod is shaped for rollouts that drop no request: the readiness probe gates
 traffic on /health, a preStop pause lets endpoints and load balancers forget the
 pod before it is told to stop, then SIGTERM starts the runtime's drain (finish
 in-flight requests up to drain.timeoutSeconds), all inside the grace period.
+Every pod has CPU and memory requests (a GPU pod must never be BestEffort, the
+first evicted under node pressure), spreads across nodes when it can, and a
+GPU pod rolls out without a surge, since no spare GPU is assumed.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import math
 from typing import Any
 
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.llmservice import LLMService
+from pagoda.operator.llmservice import LLMService, rollout_strategy
 from pagoda.operator.render.configmap import config_hash, engine_env
 from pagoda.operator.render.labels import (
     RUNTIME_PORT,
@@ -24,6 +30,8 @@ from pagoda.operator.render.labels import (
 )
 
 CONFIG_HASH_ANNOTATION = "pagoda.dev/engine-config-hash"
+# A digest of the pod template: pods carrying the current one run the current spec.
+TEMPLATE_HASH_ANNOTATION = "pagoda.dev/template-hash"
 MODEL_MOUNT = "/mnt/models"
 HF_CACHE_MOUNT = "/var/cache/pagoda/huggingface"
 RUNTIME_UID = 1000
@@ -82,23 +90,37 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
     return env
 
 
+def default_requests(gpus: int) -> tuple[str, str]:
+    """(cpu, memory) requested when the spec names neither.
+
+    Without requests a pod is BestEffort: scheduled anywhere and evicted first.
+    Extended resources (GPUs) do not count towards the QoS class, so a GPU pod
+    needs these too. A GPU pod's host side (tokenizer, scheduler, pinned
+    buffers) grows with its GPUs.
+    """
+    if gpus:
+        return str(4 * gpus), f"{16 * gpus}Gi"
+    return "1", "2Gi"
+
+
 def _resources(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     res = llms.resources
-    requests: dict[str, Any] = {}
+    default_cpu, default_memory = default_requests(res.gpus)
     limits: dict[str, Any] = {}
-    if res.cpu:
-        # No CPU limit: throttling the tokenizer and scheduler stalls the GPU.
-        requests["cpu"] = res.cpu
+    # No CPU limit: throttling the tokenizer and scheduler stalls the GPU.
+    requests: dict[str, Any] = {"cpu": res.cpu or default_cpu}
     if res.memory:
         # Memory request == limit: an LLM pod that is OOM-killed under node
         # pressure loses minutes of model loading, so reserve what it may use.
         requests["memory"] = limits["memory"] = res.memory
+    else:
+        # A default request only: without a size from the user, a limit would
+        # be a guess that OOM-kills a model that happens to be larger.
+        requests["memory"] = default_memory
     if res.gpus:
         # Extended resources must have request == limit.
         requests[config.gpu_resource] = limits[config.gpu_resource] = res.gpus
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
+    out: dict[str, Any] = {"requests": requests}
     if limits:
         out["limits"] = limits
     return out
@@ -113,10 +135,34 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def shares_tensors(llms: LLMService) -> bool:
+    """Whether several processes of a pod exchange tensors through /dev/shm.
+
+    With tensor parallelism each rank is a process and NCCL moves tensors
+    between them through shared memory; the container runtime's default 64Mi
+    /dev/shm makes it fail at the first all-reduce. One rank (the API server
+    and its EngineCore exchange only small messages over a socket) needs none.
+    """
+    return llms.spec.tensor_parallel_size > 1
+
+
+def pre_stop(seconds: int, config: OperatorConfig) -> dict[str, Any] | None:
+    """The pause before SIGTERM: the native sleep action where the cluster has it.
+
+    `lifecycle.preStop.sleep` (Kubernetes 1.30+) needs no shell and no `sleep`
+    binary in the image; older clusters get `exec: sleep N`.
+    """
+    if not seconds:
+        return None
+    if config.sleep_action:
+        return {"sleep": {"seconds": seconds}}
+    return {"exec": {"command": ["sleep", str(seconds)]}}
+
+
 def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     spec = llms.spec
     volumes_mounts = _model_volumes(llms)[1]
-    if spec.tensor_parallel_size > 1:
+    if shares_tensors(llms):
         volumes_mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": "runtime",
@@ -161,10 +207,9 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     env = _env(llms)
     if env:
         container["env"] = env
-    if spec.drain.pre_stop_seconds:
-        container["lifecycle"] = {
-            "preStop": {"exec": {"command": ["sleep", str(spec.drain.pre_stop_seconds)]}}
-        }
+    stop = pre_stop(spec.drain.pre_stop_seconds, config)
+    if stop:
+        container["lifecycle"] = {"preStop": stop}
     if volumes_mounts:
         container["volumeMounts"] = volumes_mounts
     return container
@@ -185,9 +230,7 @@ def _tolerations(llms: LLMService, config: OperatorConfig) -> list[dict[str, Any
 def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     spec, sched = llms.spec, llms.spec.scheduling
     volumes = _model_volumes(llms)[0]
-    if spec.tensor_parallel_size > 1:
-        # NCCL moves tensors between ranks through /dev/shm; the container
-        # runtime's default 64Mi makes it fail at the first all-reduce.
+    if shares_tensors(llms):
         volumes.append(
             {
                 "name": "dshm",
@@ -222,6 +265,9 @@ def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
         pod["tolerations"] = tolerations
     if sched.affinity:
         pod["affinity"] = sched.affinity
+    spread = topology_spread(llms)
+    if spread:
+        pod["topologySpreadConstraints"] = spread
     if sched.priority_class_name:
         pod["priorityClassName"] = sched.priority_class_name
     if sched.runtime_class_name:
@@ -233,6 +279,34 @@ def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     if volumes:
         pod["volumes"] = volumes
     return pod
+
+
+def topology_spread(llms: LLMService) -> list[dict[str, Any]]:
+    """The spec's constraints, or: spread the replicas across nodes when possible.
+
+    ScheduleAnyway, so a cluster with one big GPU node still schedules them;
+    matchLabelKeys counts only the pods of the current revision, so a rollout
+    is not skewed by the pods it replaces.
+    """
+    asked = llms.spec.scheduling.topology_spread_constraints
+    if asked is not None:
+        return [dict(c) for c in asked]
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(llms)},
+            "matchLabelKeys": ["pod-template-hash"],
+        }
+    ]
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """A digest of a pod template, ignoring the annotation that carries it."""
+    clean = copy.deepcopy(template)
+    clean.get("metadata", {}).get("annotations", {}).pop(TEMPLATE_HASH_ANNOTATION, None)
+    return hashlib.sha256(json.dumps(clean, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def pod_annotations(llms: LLMService) -> dict[str, str]:
@@ -249,6 +323,12 @@ def pod_annotations(llms: LLMService) -> dict[str, str]:
 def render_deployment(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     """The Deployment `NAME` of runtime pods."""
     spec = llms.spec
+    surge, unavailable = rollout_strategy(llms)
+    template = {
+        "metadata": {"labels": labels(llms), "annotations": pod_annotations(llms)},
+        "spec": _pod_spec(llms, config),
+    }
+    template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = template_hash(template)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -258,17 +338,11 @@ def render_deployment(llms: LLMService, config: OperatorConfig) -> dict[str, Any
             "selector": {"matchLabels": selector_labels(llms)},
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {
-                    "maxSurge": spec.rollout.max_surge,
-                    "maxUnavailable": spec.rollout.max_unavailable,
-                },
+                "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
             },
             # A rollout is "stuck" only after the pods had their full startup budget.
             "progressDeadlineSeconds": spec.startup_timeout_seconds + 300,
             "revisionHistoryLimit": 5,
-            "template": {
-                "metadata": {"labels": labels(llms), "annotations": pod_annotations(llms)},
-                "spec": _pod_spec(llms, config),
-            },
+            "template": template,
         },
     }

@@ -8,6 +8,7 @@ from pagoda.operator.llmservice import LLMService
 from pagoda.operator.model import API_VERSION, KIND
 
 OWNER_LABEL = "pagoda.dev/llmservice"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "pagoda-operator"
 RUNTIME_PORT = 8000
 
@@ -44,7 +45,7 @@ def labels(llms: LLMService) -> dict[str, str]:
         "app.kubernetes.io/instance": llms.name,
         "app.kubernetes.io/component": "inference",
         "app.kubernetes.io/part-of": "pagoda",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 

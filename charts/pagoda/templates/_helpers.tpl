@@ -41,36 +41,63 @@ app.kubernetes.io/part-of: pagoda
 {{ .Values.runtime.image.repository }}:{{ .Values.runtime.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* The namespaced rules: what the operator does inside a served namespace. */}}
+{{/*
+The namespaced rules: what the operator does inside a served namespace.
+tests/charts/test_rbac.py derives them from the requests the operator makes.
+*/}}
 {{- define "pagoda.namespacedRules" -}}
-# The LLMServices themselves: kopf watches them and patches annotations,
-# finalizers and status.
+# The LLMServices: kopf watches them and patches its finalizer; the operator
+# writes their status.
 - apiGroups: ["pagoda.dev"]
   resources: ["llmservices"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["pagoda.dev"]
   resources: ["llmservices/status"]
-  verbs: ["get", "patch"]
-# Children: server-side apply (patch), create where apply cannot, and the PDB
-# is deleted when replicas drop to one. Everything else is garbage-collected.
+  verbs: ["patch"]
+# Children carry ownerReferences with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin allows only to those
+# who may update the owner's finalizers.
+- apiGroups: ["pagoda.dev"]
+  resources: ["llmservices/finalizers"]
+  verbs: ["update"]
+# Children: read (ownership check), server-side apply (patch, and create when
+# the apply creates), watched so repair follows within seconds. Only the
+# PodDisruptionBudget is deleted (replicas down to one); the rest goes with
+# its LLMService through the garbage collector.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch", "delete"]
-# Status: failing pods become a Degraded condition.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Status: the runtime pods (Degraded, Progressing) and the Service's
+# EndpointSlices (Ready: serving endpoints).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
-# References are checked before any pod is rolled out (existence only).
+  verbs: ["list", "watch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "watch"]
+# A model claim is checked before pods are rolled out (existence only).
 - apiGroups: [""]
-  resources: ["secrets", "persistentvolumeclaims"]
+  resources: ["persistentvolumeclaims"]
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
+{{- end }}
+
+{{/*
+Secrets: only by a Role in a served namespace, never cluster-wide. With it the
+operator checks that an apiKeySecretRef exists before rolling out pods;
+without it (cluster-wide mode) it skips the check and a missing Secret shows
+as the pods' CreateContainerConfigError.
+*/}}
+{{- define "pagoda.secretRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
 {{- end }}

@@ -5,11 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+import pytest
+from pagoda.operator import capabilities
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import parse
 from pagoda.operator.model import ResourcesSpec
 from pagoda.operator.render.configmap import config_hash, engine_env
-from pagoda.operator.render.deployment import CONFIG_HASH_ANNOTATION, render_deployment
+from pagoda.operator.render.deployment import (
+    CONFIG_HASH_ANNOTATION,
+    TEMPLATE_HASH_ANNOTATION,
+    render_deployment,
+)
 
 CONFIG = OperatorConfig(
     runtime_image="registry.test/runtime:1",
@@ -57,7 +63,7 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
     ]
     assert c["envFrom"] == [{"configMapRef": {"name": "chat-engine"}}]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert c["resources"] == {}
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
     assert "env" not in c and "volumeMounts" not in c
     assert "nodeSelector" not in pod(d) and "tolerations" not in pod(d) and "volumes" not in pod(d)
 
@@ -84,25 +90,58 @@ def test_probes_gate_on_health_with_a_startup_budget() -> None:
 
 def test_serving_flags_follow_the_spec() -> None:
     args = container(
-        render(
-            servedModelName="llama3",
-            tensorParallelSize=2,
-            resources={"gpus": 2},
-            drain={"timeoutSeconds": 5},
-        )
+        render(servedModelName="llama3", resources={"gpus": 1}, drain={"timeoutSeconds": 5})
     )["args"]
     flags = dict(zip(args[1::2], args[2::2]))
     assert flags["--served-model-name"] == "llama3"
-    assert flags["--tensor-parallel-size"] == "2"
+    assert flags["--tensor-parallel-size"] == "1"
     assert flags["--drain-timeout"] == "5"
 
 
 def test_rollout_drops_no_request() -> None:
     d = render(drain={"timeoutSeconds": 120, "preStopSeconds": 10})
     assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-    assert container(d)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert container(d)["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}
     # SIGKILL comes only after the pause and the whole drain.
     assert pod(d)["terminationGracePeriodSeconds"] > 10 + 120
+
+
+def test_pre_stop_falls_back_to_exec_sleep_where_the_cluster_has_no_sleep_action() -> None:
+    old_cluster = OperatorConfig(runtime_image="registry.test/runtime:1", sleep_action=False)
+    d = render(old_cluster, drain={"preStopSeconds": 10})
+    assert container(d)["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "10"]}}
+
+
+def test_gpu_pods_roll_out_without_a_surge_by_default() -> None:
+    d = render(resources={"gpus": 1})
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    surge = render(resources={"gpus": 1}, rollout={"maxSurge": 1, "maxUnavailable": 0})
+    assert surge["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_a_gpu_pod_is_never_best_effort() -> None:
+    res = container(render(resources={"gpus": 2, "allowUnusedGpus": True}))["resources"]
+    assert res["requests"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 2}
+    assert res["limits"] == {"nvidia.com/gpu": 2}  # no memory limit guessed for the user
+
+
+def test_pods_spread_across_nodes_by_default() -> None:
+    (spread,) = pod(render())["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == render()["spec"]["selector"]["matchLabels"]
+    assert spread["matchLabelKeys"] == ["pod-template-hash"]
+    zone = {
+        "maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule",
+    }
+    zone["labelSelector"] = {"matchLabels": {"app.kubernetes.io/name": "pagoda-runtime"}}
+    custom = render(scheduling={"topologySpreadConstraints": [zone]})
+    assert pod(custom)["topologySpreadConstraints"] == [zone]
+    assert "topologySpreadConstraints" not in pod(
+        render(scheduling={"topologySpreadConstraints": []})
+    )
 
 
 def test_rollout_and_drain_overrides() -> None:
@@ -123,11 +162,11 @@ def test_pods_run_unprivileged() -> None:
 
 def test_gpus_are_requested_and_tolerated() -> None:
     d = render(
-        resources={"gpus": 2, "gpuType": "NVIDIA-A100-SXM4-80GB", "cpu": 8, "memory": "96Gi"}
+        resources={"gpus": 1, "gpuType": "NVIDIA-A100-SXM4-80GB", "cpu": 8, "memory": "96Gi"}
     )
     res = container(d)["resources"]
-    assert res["requests"] == {"cpu": "8", "memory": "96Gi", "nvidia.com/gpu": 2}
-    assert res["limits"] == {"memory": "96Gi", "nvidia.com/gpu": 2}
+    assert res["requests"] == {"cpu": "8", "memory": "96Gi", "nvidia.com/gpu": 1}
+    assert res["limits"] == {"memory": "96Gi", "nvidia.com/gpu": 1}
     assert pod(d)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(d)[
         "tolerations"
@@ -148,15 +187,17 @@ def test_profile_supplies_resources_and_explicit_fields_win() -> None:
     assert pod(d)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100"}
 
 
-def test_tensor_parallelism_gets_a_memory_backed_shm() -> None:
+def test_processes_sharing_tensors_get_a_memory_backed_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As it will render once the runtime has tensor parallelism (capabilities.py).
+    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", 4)
     d = render(tensorParallelSize=4, resources={"gpus": 4, "sharedMemory": "32Gi"})
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container(d)["volumeMounts"]
     (volume,) = [v for v in pod(d)["volumes"] if v["name"] == "dshm"]
     assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
 
 
-def test_single_gpu_has_no_shm_volume() -> None:
-    assert "volumes" not in pod(render(resources={"gpus": 1}))
+def test_one_rank_shares_no_tensors_and_has_no_shm_volume() -> None:
+    assert "volumes" not in pod(render(resources={"gpus": 2, "allowUnusedGpus": True}))
 
 
 def test_pvc_model_is_mounted_read_only() -> None:
@@ -259,6 +300,17 @@ def test_engine_change_changes_the_config_hash_and_so_rolls_pods() -> None:
     a = render()["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
     b = render(engine={"maxModelLen": 4096})["spec"]["template"]["metadata"]["annotations"]
     assert b[CONFIG_HASH_ANNOTATION] != a
+
+
+def test_the_template_hash_names_the_pods_of_the_current_spec() -> None:
+    def template_hash(**spec: Any) -> str:
+        return render(**spec)["spec"]["template"]["metadata"]["annotations"][
+            TEMPLATE_HASH_ANNOTATION
+        ]
+
+    assert template_hash() == template_hash()
+    assert template_hash(image="registry.test/runtime:2") != template_hash()
+    assert template_hash(replicas=5) == template_hash()  # scaling is not a new template
 
 
 def test_config_hash_is_stable() -> None:

@@ -1,0 +1,280 @@
+"""The operator's one door to the Kubernetes API: the official client, off the event loop.
+
+kopf talks to the API for its own needs: watching, the LLMService's finalizer,
+Events. Everything else goes through `KubeApi`: reading, applying and deleting
+the children, listing pods and EndpointSlices, checking referenced Secrets and
+claims, writing the LLMService's status, asking the server's version.
+
+It uses the official `kubernetes` client, which reads bodies however the API
+server frames them (a real one sends bodies over ~2 KiB chunked, without
+Content-Length), and which handles in-cluster service-account tokens and their
+rotation, kubeconfig exec plugins and proxies. The client is synchronous, so
+every call runs on a small thread pool and kopf's event loop never waits on
+the network. Bodies are read as plain JSON dicts, never as the client's typed
+models, so a field a newer API server adds is neither dropped nor an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+import kubernetes.client
+import kubernetes.config
+import urllib3
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
+from pagoda.operator.errors import ApiError
+from pagoda.operator.model import GROUP, PLURAL, VERSION
+
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+# (connect, read) seconds: a hung connection must not hold a reconcile forever.
+TIMEOUT = (10, 60)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """How the typed client addresses one namespaced kind."""
+
+    api_version: str
+    plural: str
+    api: str  # the client class, e.g. AppsV1Api
+    snake: str  # the method stem: read_namespaced_<snake>
+
+
+KINDS: dict[str, Kind] = {
+    "ConfigMap": Kind("v1", "configmaps", "CoreV1Api", "config_map"),
+    "Service": Kind("v1", "services", "CoreV1Api", "service"),
+    "Secret": Kind("v1", "secrets", "CoreV1Api", "secret"),
+    "PersistentVolumeClaim": Kind(
+        "v1", "persistentvolumeclaims", "CoreV1Api", "persistent_volume_claim"
+    ),
+    "Pod": Kind("v1", "pods", "CoreV1Api", "pod"),
+    "Deployment": Kind("apps/v1", "deployments", "AppsV1Api", "deployment"),
+    "PodDisruptionBudget": Kind(
+        "policy/v1", "poddisruptionbudgets", "PolicyV1Api", "pod_disruption_budget"
+    ),
+    "EndpointSlice": Kind(
+        "discovery.k8s.io/v1", "endpointslices", "DiscoveryV1Api", "endpoint_slice"
+    ),
+}
+
+
+def load_configuration() -> Configuration:
+    """Credentials: the pod's service account, else the kubeconfig ($KUBECONFIG)."""
+    configuration = Configuration()
+    try:
+        # try_refresh_token: re-read the projected token as the kubelet rotates it.
+        kubernetes.config.load_incluster_config(
+            client_configuration=configuration, try_refresh_token=True
+        )
+    except kubernetes.config.ConfigException:
+        # Read $KUBECONFIG now: the client's default is fixed when it is imported.
+        kubernetes.config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+        )
+    return configuration
+
+
+def _status_message(error: ApiException) -> tuple[str, str]:
+    """(reason, message) from the Status object in an error's body."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return str(body.get("reason") or error.reason or ""), str(body.get("message") or "")
+
+
+def _read_json(response: Any) -> dict[str, Any]:
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    return json.loads(data) if data else {}
+
+
+class KubeApi:
+    """Asynchronous reads and writes through the official client's thread pool."""
+
+    def __init__(self, configuration: Configuration, workers: int = 8) -> None:
+        self._configuration = configuration
+        self._client = ApiClient(configuration)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-api")
+        self._apis: dict[str, Any] = {}
+
+    @classmethod
+    def from_environment(cls) -> KubeApi:
+        """A client with the credentials of the environment (see `load_configuration`)."""
+        return cls(load_configuration())
+
+    def reload(self) -> None:
+        """Re-read the credentials (kopf logs in again after a 401)."""
+        self._configuration = load_configuration()
+        old, self._client = self._client, ApiClient(self._configuration)
+        self._apis.clear()
+        old.close()
+
+    def close(self) -> None:
+        """Release the connection pool and the threads."""
+        self._client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def connection_info(self) -> kopf.ConnectionInfo:
+        """The same credentials for kopf's own client: one login serves both."""
+        config = self._configuration
+        # The client keeps the bearer token under "BearerToken" (36+) or
+        # "authorization"; reading it through this method runs the refresh hook
+        # of rotating tokens and exec plugins.
+        header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix(
+            "authorization"
+        )
+        parts = header.split(" ", 1) if header else []
+        scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, header or None)
+        return kopf.ConnectionInfo(
+            server=config.host,
+            ca_path=config.ssl_ca_cert,
+            insecure=not config.verify_ssl,
+            username=config.username or None,
+            password=config.password or None,
+            scheme=scheme,
+            token=token,
+            certificate_path=config.cert_file,
+            private_key_path=config.key_file,
+        )
+
+    # ---------------------------------------------------------------- plumbing
+    def _api(self, name: str) -> Any:
+        if name not in self._apis:
+            self._apis[name] = getattr(kubernetes.client, name)(self._client)
+        return self._apis[name]
+
+    def _method(self, kind: str, verb: str) -> Callable[..., Any]:
+        info = KINDS[kind]
+        return getattr(self._api(info.api), f"{verb}_namespaced_{info.snake}")
+
+    async def _run(self, call: Callable[[], Any], target: str) -> Any:
+        """Run a blocking client call on the pool; translate its errors."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, call)
+        except ApiException as e:
+            reason, message = _status_message(e)
+            raise ApiError(e.status, reason, message, target) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiError(None, type(e).__name__, str(e), target) from None
+
+    async def _json(
+        self, method: Callable[..., Any], *args: Any, target: str, **kwargs: Any
+    ) -> Any:
+        call = functools.partial(
+            method, *args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs
+        )
+        return await self._run(lambda: _read_json(call()), target)
+
+    # ---------------------------------------------------------------- children
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None if it does not exist."""
+        try:
+            return await self._json(
+                self._method(kind, "read"), name, namespace, target=f"{kind} {namespace}/{name}"
+            )
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Objects of one kind in one namespace whose labels include `labels`."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        result = await self._json(
+            self._method(kind, "list"),
+            namespace,
+            label_selector=selector,
+            target=f"{kind} list {namespace} ({selector})",
+        )
+        return list(result.get("items") or [])
+
+    async def apply(self, obj: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply, forced: the fields in `obj` become this manager's.
+
+        Fields the manager applied before and no longer sends are removed; list
+        entries and fields that other managers own are left alone. The API
+        server creates the object if it does not exist, and an apply that
+        changes nothing does not change the object (nor its resourceVersion).
+        """
+        meta = obj["metadata"]
+        return await self._json(
+            self._method(obj["kind"], "patch"),
+            meta["name"],
+            meta["namespace"],
+            dict(obj),
+            field_manager=field_manager,
+            force=True,
+            _content_type=APPLY_PATCH,
+            target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
+        )
+
+    async def delete(
+        self, kind: str, namespace: str, name: str, uid: str, resource_version: str | None
+    ) -> bool:
+        """Delete exactly the object that was checked (uid and version preconditions).
+
+        False if it was already gone. A 409 means it changed after the check:
+        the caller looks again on the next pass.
+        """
+        options = kubernetes.client.V1DeleteOptions(
+            preconditions=kubernetes.client.V1Preconditions(
+                uid=uid, resource_version=resource_version
+            ),
+            propagation_policy="Background",
+        )
+        try:
+            await self._json(
+                self._method(kind, "delete"),
+                name,
+                namespace,
+                body=options,
+                target=f"{kind} {namespace}/{name}",
+            )
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------- LLMService
+    async def patch_status(self, namespace: str, name: str, changes: Mapping[str, Any]) -> None:
+        """Merge `changes` into the LLMService's status (the status subresource)."""
+        await self._json(
+            self._api("CustomObjectsApi").patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": dict(changes)},
+            _content_type=MERGE_PATCH,
+            target=f"LLMService {namespace}/{name} status",
+        )
+
+    async def server_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the API server, or None if it does not say."""
+        info = await self._json(self._api("VersionApi").get_code, target="version")
+        try:
+            major, minor = (int(re.sub(r"\D", "", str(info[k]))) for k in ("major", "minor"))
+        except (KeyError, ValueError):
+            return None
+        return major, minor

@@ -1,0 +1,68 @@
+"""Errors from the Kubernetes API, and what to do about each (pure).
+
+Two kinds, as controllers conventionally split them:
+
+* permanent: a 4xx other than 409 and 429. The request itself is wrong (a 422
+  for an invalid affinity, a 403 for a missing RBAC rule) and sending it again
+  gives the same answer. It becomes a condition and an Event; the operator
+  tries again only on the next change or resync, never in a hot loop.
+* transient: 409 Conflict, 429 Too Many Requests, 5xx, and no answer at all.
+  Retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ApiError(Exception):
+    """A failed API call; `status` is None when no answer arrived."""
+
+    def __init__(self, status: int | None, reason: str, message: str, target: str = "") -> None:
+        where = f"{target}: " if target else ""
+        code = f"{status} " if status is not None else ""
+        super().__init__(f"{where}{code}{reason}: {message}".rstrip(": "))
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.target = target
+
+    @property
+    def permanent(self) -> bool:
+        """Whether repeating the same request can only fail the same way."""
+        return is_permanent(self.status)
+
+
+def is_permanent(status: int | None) -> bool:
+    """4xx except 409 (conflict: re-read and retry) and 429 (throttled: wait and retry)."""
+    return status is not None and 400 <= status < 500 and status not in (409, 429)
+
+
+def condition_reason(status: int | None) -> str:
+    """The Degraded reason a permanent error is reported under."""
+    if status in (400, 422):
+        # The API server refused what the spec rendered (say, an invalid
+        # affinity passed through as is): the spec is what has to change.
+        return "InvalidSpec"
+    if status in (401, 403):
+        return "Forbidden"
+    return "ApiRejected"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff for transient errors: first, 2×first, ... up to `cap` seconds."""
+
+    first: float = 1.0
+    cap: float = 60.0
+    failures: int = 0
+
+    def next(self) -> float:
+        """The delay before the next attempt."""
+        delay = min(self.cap, self.first * 2**self.failures)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        """A success: start from `first` again."""
+        self.failures = 0

@@ -1,0 +1,227 @@
+"""The chart's RBAC, derived from what the operator actually calls.
+
+The operator (kopf and the official client) runs against the simulated API
+server through a scenario that exercises every code path that talks to the
+API: peering, creating children of an LLMService with a Secret and a claim to
+check, scaling (which deletes the PodDisruptionBudget), status, Events, and
+deletion. Every request it made becomes a (verb, group, resource) triple, and
+the roles the chart renders must grant exactly those: every one of them, and
+nothing else except the few grants listed below with the reason each is
+needed although no request shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubesim.apiserver import APPLY, ApiServer
+from kubesim.operator import OperatorThread, write_kubeconfig
+from kubesim.resources import declare
+from kubesim.testing import (
+    DEPLOYMENTS,
+    LLMS,
+    NS,
+    PDBS,
+    create,
+    delete,
+    eventually,
+    exists,
+    llmservice,
+    obj,
+    patch,
+    path_of,
+)
+from pagoda.operator.cli import Options
+from pagoda.operator.config import OperatorConfig
+
+from .test_pagoda import by_kind, template
+
+PEERING = "pagoda-operator"
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    """One verb on one resource (resource/subresource), as RBAC spells it."""
+
+    verb: str
+    group: str
+    resource: str
+
+
+# Needed although no request of the scenario shows it, and why.
+IMPLIED = {
+    # OwnerReferencesPermissionEnforcement: setting blockOwnerDeletion on a
+    # child needs `update` on the owner's finalizers subresource.
+    Grant("update", "pagoda.dev", "llmservices/finalizers"): "blockOwnerDeletion on children",
+}
+# Namespaced mode only: kopf follows namespaces to match --namespace patterns.
+NAMESPACED_ONLY = {Grant("list", "", "namespaces"), Grant("watch", "", "namespaces")}
+# Read where allowed: cluster-wide the operator gets no Secret access and
+# skips the API key check (a missing Secret shows on the pods instead).
+SECRETS = {Grant("get", "", "secrets")}
+CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+
+
+def grants_of(request: Any) -> set[Grant]:
+    """The RBAC grants one recorded request needed."""
+    resource = request.resource
+    if resource is None or resource.plural is None:
+        return set()  # discovery and /version: allowed to every authenticated user
+    name = resource.plural + (f"/{request.subresource}" if request.subresource else "")
+    method = str(request.method.value).upper()
+    params = dict(request.params)
+    group = resource.group or ""
+    if method == "GET":
+        verb = "watch" if params.get("watch") == "true" else ("get" if request.name else "list")
+        return {Grant(verb, group, name)}
+    headers = {k.lower(): v for k, v in dict(request.headers).items()}
+    if method == "PATCH" and headers.get("content-type", "").startswith(APPLY):
+        # An apply that finds no object creates it: the API server checks both.
+        return {Grant("patch", group, name), Grant("create", group, name)}
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
+    return {Grant(verb, group, name)}
+
+
+def operator_requests(server: ApiServer) -> list[Any]:
+    # The test's own requests come from kmock's client.
+    return [
+        r
+        for r in list(server)
+        if not {k.lower(): v for k, v in dict(r.headers).items()}.get("user-agent", "").startswith(
+            "kmock"
+        )
+    ]
+
+
+@pytest.fixture()
+def kmock_options() -> dict[str, Any]:
+    return {"cls": ApiServer}
+
+
+@pytest.fixture(scope="module")
+def calls() -> set[Grant]:
+    """Everything the operator called in the scenario (run once for this module)."""
+    return asyncio.run(_record())
+
+
+async def _record() -> set[Grant]:
+    import tempfile
+
+    import kmock
+
+    async with ApiServer() as server, kmock.Server(server):
+        declare(server)
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", str(server.url))
+            import os
+
+            before = os.environ.get("KUBECONFIG")
+            os.environ["KUBECONFIG"] = str(kubeconfig)
+            try:
+                await _scenario(server)
+            finally:
+                if before is None:
+                    del os.environ["KUBECONFIG"]
+                else:
+                    os.environ["KUBECONFIG"] = before
+        return set().union(*(grants_of(r) for r in operator_requests(server)))
+
+
+async def _scenario(server: ApiServer) -> None:
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING},
+    }
+    async with server.post("/apis/kopf.dev/v1/clusterkopfpeerings", json=peering) as response:
+        assert response.status < 300
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": NS}}
+    await create(server, {**secret, "data": {"api-key": "c2VjcmV0"}})
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": NS},
+    }
+    await create(server, claim)
+    options = Options(peering=PEERING, liveness=None, metrics_port=None)
+    config = OperatorConfig(resync_seconds=0.5, settle_seconds=0.05)
+    async with OperatorThread(config, options):
+        body = llmservice(replicas=2, model="pvc://models/llama", apiKeySecretRef={"name": "keys"})
+        await create(server, body)
+        await eventually(lambda: exists(server, PDBS, "chat"), timeout=20)
+        await eventually(lambda: obj(server, LLMS, "chat")["status"]["conditions"])
+        await patch(server, path_of(LLMS, NS, "chat"), {"spec": {"replicas": 1}})
+        await eventually(lambda: not exists(server, PDBS, "chat"))
+        await asyncio.sleep(1.0)
+        await delete(server, LLMS, "chat")
+        await eventually(lambda: not exists(server, LLMS, "chat"))
+        assert exists(server, DEPLOYMENTS, "chat")  # left to the garbage collector
+
+
+def granted(roles: list[dict[str, Any]]) -> set[Grant]:
+    """Everything some rule of these roles allows (no wildcards: asserted elsewhere)."""
+    return {
+        Grant(verb, group, resource)
+        for role in roles
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_scenario_exercised_every_kind_of_call(calls: set[Grant]) -> None:
+    verbs = {(g.verb, g.resource) for g in calls}
+    assert {
+        ("create", "deployments"),
+        ("patch", "llmservices/status"),
+        ("delete", "poddisruptionbudgets"),
+    } <= verbs
+    assert {
+        ("watch", "pods"),
+        ("list", "endpointslices"),
+        ("get", "secrets"),
+        ("create", "events"),
+    } <= verbs
+
+
+def test_cluster_wide_rbac_grants_what_the_operator_calls_and_nothing_else(
+    calls: set[Grant], helm: Path, tmp_path: Path
+) -> None:
+    objects = template(helm, tmp_path)
+    have = granted(by_kind(objects, "ClusterRole"))
+    assert not by_kind(objects, "Role")
+    missing = calls - SECRETS - have
+    assert not missing, f"calls the chart does not grant: {sorted(missing)}"
+    extra = have - calls - set(IMPLIED)
+    assert not extra, f"grants no call needs: {sorted(extra)}"
+
+
+def test_cluster_wide_the_operator_cannot_read_secrets(helm: Path, tmp_path: Path) -> None:
+    have = granted(by_kind(template(helm, tmp_path), "ClusterRole"))
+    assert not [g for g in have if g.resource == "secrets"]
+
+
+def test_namespaced_rbac_grants_the_same_per_namespace(
+    calls: set[Grant], helm: Path, tmp_path: Path
+) -> None:
+    objects = template(helm, tmp_path, {"watchNamespaces": [NS, "team-b"]})
+    # kopf's peering object is namespaced in this mode.
+    wanted = {
+        Grant(
+            g.verb, g.group, "kopfpeerings" if g.resource == "clusterkopfpeerings" else g.resource
+        )
+        for g in calls | set(IMPLIED)
+    }
+    cluster_role = granted(by_kind(objects, "ClusterRole"))
+    for role in by_kind(objects, "Role"):
+        have = granted([role]) | cluster_role
+        missing = wanted - have
+        assert not missing, f"{role['metadata']['namespace']}: not granted {sorted(missing)}"
+        assert granted([role]) >= SECRETS  # the API key check works here
+        assert not (have - wanted - NAMESPACED_ONLY), sorted(have - wanted)
+    assert {g.resource for g in cluster_role} <= CLUSTER_SCOPED

@@ -1,0 +1,462 @@
+"""A kubelet for one node: every pod's real container command, run as a local process.
+
+For each pod bound to the node it starts the container's own `command` and
+`args` (from the pod spec the operator rendered, nothing re-invented) with
+the environment Kubernetes would give it: `env` (values, Secret and
+ConfigMap keys, the downward API), `envFrom`, plus the image's environment.
+The image is this virtualenv: `command[0]` is looked up in its bin folder.
+
+A pod has its own network namespace on a real node; here each pod gets its
+own loopback address instead (`network.AddressPool`), and the one thing the
+kubelet changes in the command is the listen address: `--host 0.0.0.0` (or
+`--host=0.0.0.0`) becomes `--host <pod IP>`. Nothing else is rewritten: light
+engine settings for tests belong in the LLMService spec (`engine`, `env`).
+
+Then it does a kubelet's job, with probe periods compressed to
+`probe_interval`: reports the pod Running with its IP, Ready from the
+readiness probe (the runtime's real /health), restarts a container whose
+process exits (restartCount, lastState, CrashLoopBackOff while backing off),
+restarts one whose liveness probe fails, and on pod deletion runs the preStop
+pause, sends SIGTERM and SIGKILLs after the grace period. `kill()` plays a
+crash (an OOM kill, say).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubesim.apiserver import MERGE, ApiServer
+from kubesim.network import AddressPool
+from kubesim.testing import PODS, path_of
+
+log = logging.getLogger("kubesim.kubelet")
+IMAGE_BIN = Path(sys.executable).parent
+# What the runtime image's Dockerfile sets (ENV lines), minus the paths.
+IMAGE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+class ConfigError(Exception):
+    """A Secret or ConfigMap the container needs is missing (CreateContainerConfigError)."""
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodProcess:
+    """One pod on this node: its address and its (single) container's process."""
+
+    name: str
+    namespace: str
+    uid: str
+    llmservice: str | None
+    ip: str
+    port: int
+    container: dict[str, Any]
+    grace_seconds: float
+    workdir: Path
+    # The container's /tmp: short, because unix socket paths (the runtime's
+    # ipc sockets live in $TMPDIR) must fit in 107 bytes.
+    tmpdir: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    ready: bool = False
+    waiting: str | None = None
+    last_exit: dict[str, Any] | None = None
+    started_at: str | None = None
+    # The startup probe has passed: readiness and liveness probes now run.
+    started_up: bool = False
+    stopping: bool = False
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Where the container listens, e.g. http://127.31.7.2:8000."""
+        return f"http://{self.ip}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The container's main process, while it runs."""
+        return self.process.pid if self.process and self.process.poll() is None else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "container.log"
+
+    def log(self, tail: int = 4000) -> str:
+        """The end of the container's output."""
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+
+def _named_port(container: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    for declared in container.get("ports") or []:
+        if declared.get("name") == port:
+            return int(declared["containerPort"])
+    raise ValueError(f"container has no port named {port!r}")
+
+
+class Kubelet:
+    """Runs, probes, restarts and stops the pods of one node."""
+
+    def __init__(
+        self,
+        server: ApiServer,
+        workdir: Path,
+        addresses: AddressPool,
+        probe_interval: float = 0.5,
+        node_name: str = "kubesim-node",
+    ) -> None:
+        self.server = server
+        self.workdir = workdir
+        self.addresses = addresses
+        self.probe_interval = probe_interval
+        self.node_name = node_name
+        self._pods: dict[tuple[str, str], PodProcess] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------ API
+    def pods(self, llmservice: str | None = None) -> list[PodProcess]:
+        """The pods on this node (optionally of one LLMService), terminating ones included."""
+        return [p for p in self._pods.values() if llmservice is None or p.llmservice == llmservice]
+
+    def pod(self, name: str) -> PodProcess:
+        """One pod by name."""
+        for found in self._pods.values():
+            if found.name == name:
+                return found
+        raise KeyError(name)
+
+    def kill(self, pod: PodProcess | str, sig: int = signal.SIGKILL) -> int:
+        """Signal the container's main process (a crash, an OOM kill); returns its pid."""
+        handle = self.pod(pod) if isinstance(pod, str) else pod
+        pid = handle.pid
+        if pid is None:
+            raise RuntimeError(f"pod {handle.name} has no running process")
+        os.kill(pid, sig)
+        return pid
+
+    # ----------------------------------------------------------- node loop
+    async def sync(self) -> None:
+        """Start pods bound to this node, stop pods that are gone."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        live = {}
+        for pod in self.server.list_objects(PODS):
+            meta = pod["metadata"]
+            if (pod.get("spec") or {}).get("nodeName") == self.node_name:
+                live[meta["namespace"], meta["name"]] = pod
+        for key, pod in live.items():
+            known = self._pods.get(key)
+            if known is None and not pod["metadata"].get("deletionTimestamp"):
+                self._start(pod)
+        for key, handle in list(self._pods.items()):
+            pod = live.get(key)
+            gone = pod is None or pod["metadata"]["uid"] != handle.uid
+            if gone or (pod or {}).get("metadata", {}).get("deletionTimestamp"):
+                handle.stopping = True
+            if handle.task is not None and handle.task.done():
+                del self._pods[key]
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop every pod (gracefully, then by force) and release the node."""
+        for handle in self._pods.values():
+            handle.stopping = True
+        tasks = [h.task for h in self._pods.values() if h.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for handle in self._pods.values():
+            self._kill_group(handle)
+        self._pods.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # ------------------------------------------------------------ one pod
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        (container,) = spec["containers"][:1]
+        port = int((container.get("ports") or [{"containerPort": 80}])[0]["containerPort"])
+        workdir = self.workdir / meta["name"]
+        workdir.mkdir(parents=True, exist_ok=True)
+        handle = PodProcess(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            llmservice=(meta.get("labels") or {}).get("pagoda.dev/llmservice"),
+            ip=self.addresses.allocate(port),
+            port=port,
+            container=container,
+            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
+            workdir=workdir,
+            tmpdir=Path(tempfile.mkdtemp(prefix="kubesim-")),
+        )
+        handle.task = asyncio.create_task(self._run(handle), name=f"pod {meta['name']}")
+        self._pods[meta["namespace"], meta["name"]] = handle
+
+    async def _run(self, handle: PodProcess) -> None:
+        liveness_failures = 0
+        try:
+            await self._report(handle)
+            while not handle.stopping:
+                if handle.process is None or handle.process.poll() is not None:
+                    liveness_failures = 0
+                    if not await self._start_container(handle):
+                        await asyncio.sleep(self.probe_interval)
+                        continue
+                if not handle.started_up:
+                    # The startup probe holds the other two off while the model
+                    # loads (its time budget is not enforced here).
+                    handle.started_up = await self._probe(handle, "startupProbe", default=True)
+                if handle.started_up:
+                    ready = await self._probe(handle, "readinessProbe", default=True)
+                    if ready != handle.ready:
+                        handle.ready = ready
+                        await self._report(handle)
+                    alive = await self._probe(handle, "livenessProbe", default=True)
+                    liveness_failures = 0 if alive else liveness_failures + 1
+                    threshold = (handle.container.get("livenessProbe") or {}).get(
+                        "failureThreshold", 3
+                    )
+                    if liveness_failures >= threshold:
+                        log.warning("pod %s: liveness probe failed, restarting", handle.name)
+                        self._kill_group(handle)  # the loop sees the exit and restarts
+                await asyncio.sleep(self.probe_interval)
+        finally:
+            await self._terminate(handle)
+
+    async def _start_container(self, handle: PodProcess) -> bool:
+        """(Re)start the container; False while it must wait (backoff, missing config)."""
+        if handle.process is not None:
+            # It exited: the container is dead, and so is everything it started.
+            code = handle.process.returncode
+            self._kill_group(handle)
+            handle.restarts += 1
+            handle.ready = False
+            reason = (
+                "OOMKilled" if code == -signal.SIGKILL else ("Completed" if code == 0 else "Error")
+            )
+            handle.last_exit = {
+                "reason": reason,
+                "exitCode": 128 + -code if code < 0 else code,
+                "finishedAt": now(),
+                "startedAt": handle.started_at,
+            }
+            handle.process, handle.started_at, handle.started_up = None, None, False
+            backoff = 0.0 if handle.restarts == 1 else min(10.0, 2.0 ** (handle.restarts - 2))
+            if backoff:
+                handle.waiting = "CrashLoopBackOff"
+                await self._report(handle)
+                await asyncio.sleep(backoff)
+                if handle.stopping:
+                    return False
+        try:
+            env = self._environment(handle)
+        except ConfigError as e:
+            handle.waiting = "CreateContainerConfigError"
+            await self._report(handle, message=str(e))
+            return False
+        argv = self._argv(handle)
+        with open(handle.log_path, "ab") as out:
+            out.write(f"--- start {now()}: {' '.join(argv)}\n".encode())
+            out.flush()
+            handle.process = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=handle.workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # A process group per container: the container's death takes
+                # its children (the runtime's EngineCore) with it.
+                start_new_session=True,
+            )
+        handle.started_at, handle.waiting = now(), None
+        await self._report(handle)
+        return True
+
+    def _argv(self, handle: PodProcess) -> list[str]:
+        command = list(handle.container.get("command") or [])
+        args = list(handle.container.get("args") or [])
+        if not command:
+            raise ValueError(f"pod {handle.name}: no command (the image's entry point is unknown)")
+        program = IMAGE_BIN / command[0]
+        command[0] = str(program) if program.exists() else command[0]
+        rewritten = []
+        for index, arg in enumerate(args):
+            if arg == "0.0.0.0" and index > 0 and args[index - 1] == "--host":
+                arg = handle.ip
+            elif arg == "--host=0.0.0.0":
+                arg = f"--host={handle.ip}"
+            rewritten.append(arg)
+        return command + rewritten
+
+    def _environment(self, handle: PodProcess) -> dict[str, str]:
+        container = handle.container
+        env = {
+            **IMAGE_ENV,
+            "PATH": f"{IMAGE_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": os.environ.get("HOME", "/tmp"),
+            "TMPDIR": str(handle.tmpdir),
+            "HOSTNAME": handle.name,
+        }
+        for source in container.get("envFrom") or []:
+            if "configMapRef" in source:
+                env.update(self._config_map(handle, source["configMapRef"]["name"]))
+            if "secretRef" in source:
+                env.update(self._secret(handle, source["secretRef"]["name"]))
+        for var in container.get("env") or []:
+            if "value" in var:
+                env[var["name"]] = str(var["value"])
+            elif "valueFrom" in var:
+                env[var["name"]] = self._value_from(handle, var["valueFrom"])
+        return env
+
+    def _config_map(self, handle: PodProcess, name: str) -> dict[str, str]:
+        found = self.server.get_object("v1/configmaps", handle.namespace, name)
+        if found is None:
+            raise ConfigError(f'configmap "{name}" not found')
+        return dict(found.get("data") or {})
+
+    def _secret(self, handle: PodProcess, name: str) -> dict[str, str]:
+        found = self.server.get_object("v1/secrets", handle.namespace, name)
+        if found is None:
+            raise ConfigError(f'secret "{name}" not found')
+        data = {k: base64.b64decode(v).decode() for k, v in (found.get("data") or {}).items()}
+        return {**data, **(found.get("stringData") or {})}
+
+    def _value_from(self, handle: PodProcess, source: dict[str, Any]) -> str:
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            values = self._secret(handle, ref["name"])
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            values = self._config_map(handle, ref["name"])
+        else:
+            field_path = source.get("fieldRef", {}).get("fieldPath", "")
+            known = {
+                "metadata.name": handle.name,
+                "metadata.namespace": handle.namespace,
+                "metadata.uid": handle.uid,
+                "status.podIP": handle.ip,
+                "spec.nodeName": self.node_name,
+            }
+            return known.get(field_path, "")
+        if ref["key"] not in values:
+            raise ConfigError(f"couldn't find key {ref['key']} in {ref['name']}")
+        return values[ref["key"]]
+
+    async def _probe(self, handle: PodProcess, kind: str, default: bool) -> bool:
+        probe = handle.container.get(kind)
+        if handle.pid is None:
+            return False
+        if not probe or "httpGet" not in probe:
+            return default
+        get = probe["httpGet"]
+        port = _named_port(handle.container, get.get("port", handle.port))
+        url = f"http://{handle.ip}:{port}{get.get('path', '/')}"
+        assert self._http is not None
+        try:
+            async with self._http.get(url) as response:
+                return 200 <= response.status < 400
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _terminate(self, handle: PodProcess) -> None:
+        """preStop, SIGTERM, the grace period, SIGKILL; as for a deleted pod."""
+        process = handle.process
+        if process is not None and process.poll() is None:
+            pre_stop = ((handle.container.get("lifecycle") or {}).get("preStop")) or {}
+            pause = (pre_stop.get("sleep") or {}).get("seconds", 0)
+            command = (pre_stop.get("exec") or {}).get("command") or []
+            if command[:1] == ["sleep"]:
+                pause = float(command[1])
+            started = time.monotonic()
+            await asyncio.sleep(min(pause, handle.grace_seconds))
+            process.send_signal(signal.SIGTERM)
+            left = max(0.0, handle.grace_seconds - (time.monotonic() - started))
+            deadline = time.monotonic() + left
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        self._kill_group(handle)
+        handle.process = None
+        shutil.rmtree(handle.tmpdir, ignore_errors=True)
+
+    def _kill_group(self, handle: PodProcess) -> None:
+        """SIGKILL the container's process group and reap its main process."""
+        process = handle.process
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.warning("pod %s: process %s did not die", handle.name, process.pid)
+
+    async def _report(self, handle: PodProcess, message: str = "") -> None:
+        """Write the pod's status as a kubelet does."""
+        running = handle.pid is not None and handle.waiting is None
+        ready = "True" if running and handle.ready else "False"
+        state: dict[str, Any]
+        if running:
+            state = {"running": {"startedAt": handle.started_at}}
+        else:
+            reason = handle.waiting or "ContainerCreating"
+            state = {"waiting": {"reason": reason, "message": message}}
+        container_status = {
+            "name": handle.container["name"],
+            "image": handle.container.get("image", ""),
+            "ready": ready == "True",
+            "started": running,
+            "restartCount": handle.restarts,
+            "state": state,
+        }
+        if handle.last_exit:
+            container_status["lastState"] = {"terminated": handle.last_exit}
+        status = {
+            "phase": "Running" if running else "Pending",
+            "hostIP": "127.0.0.1",
+            "podIP": handle.ip,
+            "podIPs": [{"ip": handle.ip}],
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+                {"type": "ContainersReady", "status": ready},
+                {"type": "Ready", "status": ready},
+            ],
+            "containerStatuses": [container_status],
+        }
+        path = path_of(PODS, handle.namespace, handle.name) + "/status"
+        headers = {"Content-Type": MERGE}
+        params = {"fieldManager": "kubelet"}
+        async with self.server.patch(
+            path, json={"status": status}, headers=headers, params=params
+        ) as response:
+            if response.status >= 300 and response.status != 404:
+                log.warning("pod %s status: %s", handle.name, await response.text())
