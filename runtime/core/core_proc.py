@@ -33,10 +33,9 @@ import time
 import traceback
 
 import zmq
-from pagoda.runtime.config import EngineArgs
+from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.outputs import EngineCoreOutputs
-from pagoda.runtime.core.request import RequestStatus
-from pagoda.runtime.engine.serialization import (
+from pagoda.runtime.core.wire import (
     ABORT,
     ADD,
     FAILED,
@@ -48,7 +47,6 @@ from pagoda.runtime.engine.serialization import (
     Encoder,
     Heartbeat,
     ReadyInfo,
-    StepExtras,
 )
 
 logger = logging.getLogger(__name__)
@@ -73,7 +71,7 @@ class _Shutdown(Exception):
 
 
 def run_engine_core(
-    args: EngineArgs,
+    config: EngineConfig,
     input_addr: str,
     output_addr: str,
     parent_pid: int,
@@ -98,7 +96,7 @@ def run_engine_core(
 
         torch.set_num_threads(num_threads)
     proc = EngineCoreProc(input_addr, output_addr, parent_pid)
-    sys.exit(proc.run(args))
+    sys.exit(proc.run(config))
 
 
 class EngineCoreProc:
@@ -116,18 +114,15 @@ class EngineCoreProc:
         self._fatal: str | None = None
         # When the busy loop began its current iteration (heartbeats report it).
         self._iteration_start = time.monotonic()
-        # Requests not yet scheduled: their first scheduling time is reported
-        # once (queue-time metric).
-        self._unscheduled: set[str] = set()
 
-    def run(self, args: EngineArgs) -> int:
+    def run(self, config: EngineConfig) -> int:
         out_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
         out_thread.start()
         in_thread = None
         engine = None
         status = 0
         try:
-            engine = self._start_engine(args)
+            engine = self._start_engine(config)
             if engine is None:
                 status = 1
             else:
@@ -183,11 +178,11 @@ class EngineCoreProc:
         timer.daemon = True
         timer.start()
 
-    def _start_engine(self, args: EngineArgs):
+    def _start_engine(self, config: EngineConfig):
         from pagoda.runtime.core.engine_core import EngineCore
 
         try:
-            engine = EngineCore(args.create_engine_config())
+            engine = EngineCore(config)
         except Exception as exc:
             logger.error("EngineCore failed to start: %s", exc)
             if not isinstance(exc, (ValueError, FileNotFoundError)):
@@ -207,7 +202,6 @@ class EngineCoreProc:
 
     def _busy_loop(self, engine) -> int:
         """Pull inputs (blocking only while idle), step, push outputs."""
-        scheduler = engine.scheduler
         # A tensor-parallel worker that dies fails the loop like a failed IO
         # thread: an idle loop sees it within a second, not at the next request.
         engine.executor.register_failure_callback(self._fail)
@@ -237,11 +231,7 @@ class EngineCoreProc:
                     self._add(engine, obj)
                 elif kind == ABORT:
                     engine.abort_requests(obj)
-                    self._unscheduled.difference_update(obj)
-            step_start = time.monotonic()
-            outputs = engine.step()
-            scheduled = self._newly_scheduled(scheduler, step_start)
-            self._put_output((OUTPUTS, outputs, StepExtras(scheduled)))
+            self._put_output((OUTPUTS, engine.step()))
 
     def _add(self, engine, req) -> None:
         from pagoda.runtime.core.outputs import EngineCoreOutput
@@ -259,22 +249,9 @@ class EngineCoreProc:
                     EngineCoreOutputs(
                         [EngineCoreOutput(req.request_id, [], None, FinishReason.ABORT)]
                     ),
-                    StepExtras(),
                 )
             )
             return
-        self._unscheduled.add(req.request_id)
-
-    def _newly_scheduled(self, scheduler, now: float) -> dict[str, float]:
-        if not self._unscheduled:
-            return {}
-        found = {}
-        for rid in list(self._unscheduled):
-            req = scheduler.requests.get(rid)
-            if req is None or req.status != RequestStatus.WAITING:
-                self._unscheduled.discard(rid)
-                found[rid] = now
-        return found
 
     # -- IO threads ------------------------------------------------------------
 
@@ -337,7 +314,7 @@ class EngineCoreProc:
     def _encode(encoder: Encoder, item: tuple) -> list:
         kind = item[0]
         if kind == OUTPUTS:
-            return [OUTPUTS, encoder.encode(item[1]), encoder.encode(item[2])]
+            return [OUTPUTS, encoder.encode(item[1])]
         return [kind, item[1]]
 
     def _heartbeat_loop(self) -> None:

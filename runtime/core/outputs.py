@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pagoda.runtime.core.events import EngineCoreEvent
 from pagoda.runtime.core.request import FinishReason
 from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import SamplingParams
@@ -48,7 +49,7 @@ class TokenLogprobs:
 
 @dataclass
 class EngineCoreOutput:
-    """What one request produced in one step."""
+    """What one request produced in one step, and what happened to it."""
 
     request_id: str
     new_token_ids: list[int]
@@ -56,6 +57,7 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    events: list[EngineCoreEvent] | None = None
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pagoda.runtime.core.events import EngineCoreEvent
 from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -78,6 +79,8 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    # Events since the last output, for the front end's metrics.
+    events: list[EngineCoreEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagoda.runtime.config import CacheConfig, SchedulerConfig
+from pagoda.runtime.core.events import EngineCoreEvent, EngineCoreEventType
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
 from pagoda.runtime.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from pagoda.runtime.core.request import Request, RequestStatus
@@ -65,6 +66,8 @@ class Scheduler:
         # Finished or aborted since the last schedule(); the runner drops them.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Requests with events not yet reported in an output.
+        self._with_events: set[str] = set()
 
     # -- requests in and out -------------------------------------------------
 
@@ -87,6 +90,11 @@ class Scheduler:
             )
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self._record(request, EngineCoreEventType.QUEUED)
+
+    def _record(self, request: Request, kind: EngineCoreEventType) -> None:
+        request.events.append(EngineCoreEvent(kind, time.monotonic()))
+        self._with_events.add(request.request_id)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Finish these requests as aborted and free their blocks; unknown or
@@ -220,9 +228,10 @@ class Scheduler:
                 active_loras.add(lora_id)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
+            self._record(request, EngineCoreEventType.SCHEDULED)
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
-                request.first_scheduled_time = time.monotonic()
+                request.first_scheduled_time = request.events[-1].timestamp
             new_reqs.append(
                 NewRequestData(
                     req_id=request.request_id,
@@ -249,6 +258,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
+        self._record(request, EngineCoreEventType.PREEMPTED)
 
     # -- after the forward ---------------------------------------------------
 
@@ -287,11 +297,34 @@ class Scheduler:
                     finish_reason,
                     request.stop_reason,
                     request.num_cached_tokens,
+                    self._take_events(request),
                 )
             )
         if num_finished:
             self.running = [r for r in self.running if r.status <= RequestStatus.PREEMPTED]
+        if self._with_events:
+            # Queued, admitted or preempted this step but nothing sampled yet
+            # (mid chunked prefill, or waiting): the events travel alone.
+            for req_id in list(self._with_events):
+                request = requests.get(req_id)
+                if request is not None:
+                    outputs.append(
+                        EngineCoreOutput(
+                            req_id,
+                            [],
+                            num_cached_tokens=max(0, request.num_cached_tokens),
+                            events=self._take_events(request),
+                        )
+                    )
+            self._with_events.clear()
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def _take_events(self, request: Request) -> list[EngineCoreEvent] | None:
+        if not request.events:
+            return None
+        events, request.events = request.events, []
+        self._with_events.discard(request.request_id)
+        return events
 
     def _append_until_stop(self, request: Request, token_ids: list[int]) -> tuple[list[int], bool]:
         """Append several tokens (speculative decoding) one at a time, up to

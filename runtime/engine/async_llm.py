@@ -31,7 +31,6 @@ from pagoda.runtime.engine.processor import (
     log_generation_setup,
     resolve_eos_token_ids,
 )
-from pagoda.runtime.engine.serialization import StepExtras
 from pagoda.runtime.engine.tokenizer import load_tokenizer
 from pagoda.runtime.outputs import RequestOutput
 from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
@@ -64,9 +63,7 @@ class StatLogger(Protocol):
         self, request_id: str, child_ids: list[str], num_prompt_tokens: int, arrival_time: float
     ) -> None: ...
 
-    def on_step(
-        self, outputs: EngineCoreOutputs, extras: StepExtras, processed: ProcessedOutputs
-    ) -> None: ...
+    def on_step(self, outputs: EngineCoreOutputs, processed: ProcessedOutputs) -> None: ...
 
     def on_request_aborted(self, request_id: str) -> None: ...
 
@@ -138,12 +135,13 @@ class AsyncLLM:
 
         The core counts as hung (dead) when silent for `heartbeat_timeout`
         seconds, or stuck in one step for `step_timeout` (None: never)."""
-        args.validate()
-        # Resolving reads only metadata (fast) and raises, naming the field,
-        # before a process is spawned for a model that does not exist.
-        model_config = args.create_engine_config().model_config
+        # Resolved once, here: it reads only metadata (fast) and raises, naming
+        # the field, before a process is spawned for a model that does not
+        # exist; the core receives the result and resolves nothing again.
+        config = args.create_engine_config()
+        model_config = config.model_config
         client = EngineCoreClient(
-            args,
+            config,
             num_threads=num_threads,
             log_level=log_level,
             heartbeat_timeout=heartbeat_timeout,
@@ -424,7 +422,7 @@ class AsyncLLM:
     async def _output_handler(self) -> None:
         try:
             while True:
-                outputs, extras = await self.client.get_output()
+                outputs = await self.client.get_output()
                 processed = self.output_processor.process_outputs(outputs)
                 for ro in processed.request_outputs:
                     collector = self._collectors.get(ro.request_id)
@@ -435,7 +433,7 @@ class AsyncLLM:
                 if outputs.scheduler_stats is not None:
                     self.scheduler_stats = outputs.scheduler_stats
                 if self.stat_logger is not None:
-                    self.stat_logger.on_step(outputs, extras, processed)
+                    self.stat_logger.on_step(outputs, processed)
         except EngineDeadError as exc:
             self._fail_all(exc)
         except asyncio.CancelledError:

@@ -27,10 +27,10 @@ from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
-from pagoda.runtime.config import EngineArgs
+from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.core_proc import run_engine_core
 from pagoda.runtime.core.outputs import EngineCoreOutputs, EngineCoreRequest
-from pagoda.runtime.engine.serialization import (
+from pagoda.runtime.core.wire import (
     ABORT,
     ADD,
     FAILED,
@@ -41,7 +41,6 @@ from pagoda.runtime.engine.serialization import (
     CoreOutputDecoder,
     Encoder,
     ReadyInfo,
-    StepExtras,
 )
 
 logger = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ class EngineCoreClient:
 
     def __init__(
         self,
-        args: EngineArgs,
+        config: EngineConfig,
         num_threads: int | None = None,
         log_level: str = "INFO",
         heartbeat_timeout: float | None = 10.0,
@@ -68,8 +67,9 @@ class EngineCoreClient:
         process_target: Callable[..., None] = run_engine_core,
     ):
         """`process_target` is the core process's entry point (tests swap in
-        one with a fault injected)."""
-        self.args = args
+        one with a fault injected). `config` is shipped to the core as is:
+        it resolves nothing again."""
+        self.config = config
         self.heartbeat_timeout = heartbeat_timeout
         self.step_timeout = step_timeout
         self._last_message = time.monotonic()
@@ -93,7 +93,7 @@ class EngineCoreClient:
         ctx = multiprocessing.get_context("spawn")
         self.proc = ctx.Process(
             target=process_target,
-            args=(args, self.input_addr, self.output_addr, os.getpid(), num_threads, log_level),
+            args=(config, self.input_addr, self.output_addr, os.getpid(), num_threads, log_level),
             name="EngineCore",
             daemon=True,
         )
@@ -193,7 +193,7 @@ class EngineCoreClient:
         if request_ids and not self.is_dead and not self._closing:
             await self.input_socket.send_multipart([ABORT, self._encoder.encode(request_ids)])
 
-    async def get_output(self) -> tuple[EngineCoreOutputs, StepExtras]:
+    async def get_output(self) -> EngineCoreOutputs:
         """The next step's outputs; raises EngineDeadError once the core is gone."""
         while True:
             kind, payload = await self._recv()

@@ -135,6 +135,8 @@ class OutputProcessor:
             state = self.states.get(out.request_id)
             if state is None or state.finished:
                 continue  # aborted meanwhile, or a step already in flight
+            if not out.new_token_ids and out.finish_reason is None:
+                continue  # events only (queued, scheduled): nothing for the user yet
             if self._update(state, out):
                 to_abort.append(state.request_id)
             parent = state.parent

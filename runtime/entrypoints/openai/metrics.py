@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pagoda.runtime.core.events import EngineCoreEventType
 from pagoda.runtime.core.outputs import EngineCoreOutputs
 from pagoda.runtime.engine.output_processor import ProcessedOutputs
-from pagoda.runtime.engine.serialization import StepExtras
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # vLLM's buckets, so histogram_quantile queries carry over.
@@ -159,9 +159,7 @@ class ServingMetrics:
         if req is not None:
             self._success.labels(self._model_name, "abort").inc()
 
-    def on_step(
-        self, outputs: EngineCoreOutputs, extras: StepExtras, processed: ProcessedOutputs
-    ) -> None:
+    def on_step(self, outputs: EngineCoreOutputs, processed: ProcessedOutputs) -> None:
         stats = outputs.scheduler_stats
         if stats is not None:
             self.running.set(stats.num_running_reqs)
@@ -175,15 +173,19 @@ class ServingMetrics:
             self._last_prefix_hits = stats.prefix_cache_hits
             self._last_preemptions = stats.num_preemptions
         now = outputs.timestamp
-        for child_id, scheduled_time in extras.scheduled.items():
-            req = self._requests.get(self._parent_of.get(child_id, ""))
-            if req is not None and not req.queued_recorded:
-                req.queued_recorded = True
-                self.queue_time.observe(max(0.0, scheduled_time - req.arrival_time))
         num_new = 0
         for out in outputs.outputs:
             req = self._requests.get(self._parent_of.get(out.request_id, ""))
-            if req is None or not out.new_token_ids:
+            if req is None:
+                continue
+            if out.events and not req.queued_recorded:
+                scheduled = next(
+                    (e for e in out.events if e.type == EngineCoreEventType.SCHEDULED), None
+                )
+                if scheduled is not None:  # the first admission: queue time
+                    req.queued_recorded = True
+                    self.queue_time.observe(max(0.0, scheduled.timestamp - req.arrival_time))
+            if not out.new_token_ids:
                 continue
             n = len(out.new_token_ids)
             num_new += n

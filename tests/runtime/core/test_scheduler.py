@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from pagoda.runtime.config import CacheConfig, SchedulerConfig
+from pagoda.runtime.core.events import EngineCoreEventType
 from pagoda.runtime.core.outputs import SchedulerStats
 from pagoda.runtime.core.request import FinishReason, Request, RequestStatus
 from pagoda.runtime.core.sched_output import ModelRunnerOutput
@@ -466,11 +467,57 @@ def test_a_finished_request_frees_its_blocks_and_leaves_the_runner_next_step():
     assert "a" in sched.schedule().finished_req_ids
 
 
-def test_a_request_mid_prefill_produces_no_output():
+def test_a_request_mid_prefill_produces_no_tokens_only_its_events():
     sched = make_scheduler(budget=4)
     sched.add_request(make_request("a", range(9)))
     out = sched.schedule()
+    (only,) = sched.update_from_output(out, ModelRunnerOutput({})).outputs
+    assert only.new_token_ids == [] and not only.finished
+    assert [e.type for e in only.events] == [
+        EngineCoreEventType.QUEUED,
+        EngineCoreEventType.SCHEDULED,
+    ]
+    out = sched.schedule()
     assert sched.update_from_output(out, ModelRunnerOutput({})).outputs == []
+
+
+# -- events ------------------------------------------------------------------
+
+
+def test_events_report_queueing_admission_and_preemption_once_each():
+    sched = make_scheduler(num_blocks=8, max_model_len=32)
+    runner = FakeRunner(8)
+    run = Run()
+    events: dict[str, list] = defaultdict(list)
+
+    def record(result):
+        for o in result.outputs:
+            events[o.request_id] += [e.type for e in o.events or ()]
+
+    for i in range(3):
+        sched.add_request(make_request(f"r{i}", [i] * 8, max_tokens=20, max_model_len=32))
+    while sched.has_unfinished_requests():
+        record(step(sched, runner, run)[1])
+    q, s, p = (
+        EngineCoreEventType.QUEUED,
+        EngineCoreEventType.SCHEDULED,
+        EngineCoreEventType.PREEMPTED,
+    )
+    assert events["r0"] == [q, s]
+    # r2, the newest, is preempted when blocks run out, then admitted again.
+    assert events["r2"][:3] == [q, s, p] and events["r2"].count(s) == events["r2"].count(p) + 1
+
+
+def test_event_timestamps_are_in_order_and_on_the_monotonic_clock():
+    import time
+
+    sched = make_scheduler()
+    before = time.monotonic()
+    sched.add_request(make_request("a", range(9)))
+    out = sched.schedule()
+    (only,) = sched.update_from_output(out, FakeRunner(64).execute(out)).outputs
+    times = [e.timestamp for e in only.events]
+    assert before <= times[0] <= times[1] <= time.monotonic()
 
 
 # -- aborts ----------------------------------------------------------------

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import time
 
-from pagoda.runtime.core import core_proc
+from pagoda.runtime.core import core_proc, wire
 from pagoda.runtime.core.engine_core import EngineCore
-from pagoda.runtime.engine import serialization
 
 
 def input_thread_raises(*args) -> None:
     def broken(self, frames):
         raise RuntimeError("injected fault in the input thread")
 
-    serialization.CoreInputDecoder.decode = broken
+    wire.CoreInputDecoder.decode = broken
     core_proc.run_engine_core(*args)
 
 
@@ -27,7 +26,7 @@ def output_thread_raises(*args) -> None:
     real = core_proc.EngineCoreProc._encode
 
     def broken(encoder, item):
-        if item[0] == serialization.OUTPUTS:
+        if item[0] == wire.OUTPUTS:
             raise RuntimeError("injected fault in the output thread")
         return real(encoder, item)
 

@@ -23,8 +23,8 @@ import pytest
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.core.core_proc import run_engine_core
 from pagoda.runtime.core.outputs import EngineCoreRequest
+from pagoda.runtime.core.wire import ADD
 from pagoda.runtime.engine.core_client import EngineCoreClient, EngineDeadError
-from pagoda.runtime.engine.serialization import ADD
 from pagoda.runtime.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -43,7 +43,9 @@ def a_request(request_id: str = "r1") -> EngineCoreRequest:
 
 @contextlib.asynccontextmanager
 async def core(target=run_engine_core, **kwargs):
-    client = EngineCoreClient(ARGS, num_threads=1, process_target=target, **kwargs)
+    client = EngineCoreClient(
+        ARGS.create_engine_config(), num_threads=1, process_target=target, **kwargs
+    )
     try:
         await asyncio.wait_for(client.wait_ready(), 240)
         yield client

@@ -40,14 +40,6 @@ class Heartbeat(msgspec.Struct):
     stalled_s: float
 
 
-class StepExtras(msgspec.Struct):
-    """Per-step facts the front end's metrics need beside `EngineCoreOutputs`:
-    when each request was first scheduled (monotonic clock, shared by the
-    processes on one host), for the queue-time histogram."""
-
-    scheduled: dict[str, float] = {}
-
-
 class Encoder:
     """One reusable msgpack encoder (it keeps an internal buffer)."""
 
@@ -82,14 +74,13 @@ class CoreOutputDecoder:
 
     def __init__(self) -> None:
         self._outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
-        self._extras = msgspec.msgpack.Decoder(StepExtras)
         self._ready = msgspec.msgpack.Decoder(ReadyInfo)
         self._heartbeat = msgspec.msgpack.Decoder(Heartbeat)
 
     def decode(self, frames: list[bytes]) -> tuple[bytes, object]:
         kind = frames[0]
         if kind == OUTPUTS:
-            return kind, (self._outputs.decode(frames[1]), self._extras.decode(frames[2]))
+            return kind, self._outputs.decode(frames[1])
         if kind == READY:
             return kind, self._ready.decode(frames[1])
         if kind == FAILED:
