@@ -43,11 +43,17 @@ from pagoda.runtime.core.wire import (
     OUTPUTS,
     READY,
     SHUTDOWN,
+    UTILITY,
+    UTILITY_METHODS,
+    UTILITY_RESULT,
     CoreInputDecoder,
     Encoder,
     Heartbeat,
     ReadyInfo,
+    UtilityCall,
+    UtilityResult,
 )
+from pagoda.runtime.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +237,8 @@ class EngineCoreProc:
                     self._add(engine, obj)
                 elif kind == ABORT:
                     engine.abort_requests(obj)
+                elif kind == UTILITY:
+                    self._utility(engine, obj)
             self._put_output((OUTPUTS, engine.step()))
 
     def _add(self, engine, req) -> None:
@@ -252,6 +260,26 @@ class EngineCoreProc:
                 )
             )
             return
+
+    def _utility(self, engine, call: UtilityCall) -> None:
+        """Run one front-end call between steps and answer it. A refusal
+        (InvalidRequestError: a bad adapter folder) is the caller's; other
+        errors are answered too, and change nothing (loading an adapter is
+        all or nothing), so the engine serves on."""
+        result = UtilityResult(call.call_id)
+        try:
+            if call.method not in UTILITY_METHODS:
+                raise InvalidRequestError(f"unknown engine call {call.method!r}", param="method")
+            if call.method == "add_lora":
+                engine.add_lora(call.lora_request)
+            else:
+                engine.remove_lora(call.lora_int_id)
+        except InvalidRequestError as exc:
+            result.error, result.param = str(exc), exc.param
+        except Exception as exc:
+            logger.exception("engine call %s failed", call.method)
+            result.error = f"{call.method} failed: {exc!r}"
+        self._put_output((UTILITY_RESULT, Encoder().encode(result)))
 
     # -- IO threads ------------------------------------------------------------
 

@@ -74,6 +74,10 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # LoRA adapters (lora_int_id -> requests) running and waiting; empty
+    # when LoRA is off.
+    running_loras: dict[int, int] = field(default_factory=dict)
+    waiting_loras: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -368,7 +368,7 @@ class Scheduler:
     def make_stats(self) -> SchedulerStats:
         """Engine state now; the counters are cumulative."""
         kv = self.kv_cache_manager
-        return SchedulerStats(
+        stats = SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=kv.usage,
@@ -376,6 +376,15 @@ class Scheduler:
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
         )
+        if self.scheduler_config.max_loras:  # a pass over the requests: only with LoRA on
+            for requests, counts in (
+                (self.running, stats.running_loras),
+                (self.waiting, stats.waiting_loras),
+            ):
+                for request in requests:
+                    if request.lora_int_id:
+                        counts[request.lora_int_id] = counts.get(request.lora_int_id, 0) + 1
+        return stats
 
     def reset_prefix_cache(self) -> bool:
         """Forget the prefix cache; refused (False) while requests hold blocks."""

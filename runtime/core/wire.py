@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import msgspec
 from pagoda.runtime.core.outputs import EngineCoreOutputs, EngineCoreRequest
+from pagoda.runtime.lora.request import LoRARequest
 
 # API server -> EngineCore.
 ADD = b"\x00"
 ABORT = b"\x01"
 SHUTDOWN = b"\x02"
+UTILITY = b"\x03"  # a call of an EngineCore method (load an adapter, say); payload: UtilityCall
 # EngineCore -> API server.
 OUTPUTS = b"\x10"
 READY = b"\x11"
 FAILED = b"\x12"  # start-up failed or the busy loop died; payload: the error text
-HEARTBEAT = b"\x13"  # every second, whatever the load; payload: Heartbeat
+HEARTBEAT = b"\x13"
+UTILITY_RESULT = b"\x14"  # the answer to one UTILITY; payload: UtilityResult  # every second, whatever the load; payload: Heartbeat
 
 
 class ReadyInfo(msgspec.Struct):
@@ -40,6 +43,26 @@ class Heartbeat(msgspec.Struct):
     stalled_s: float
 
 
+# The EngineCore methods the front end may call between steps.
+UTILITY_METHODS = frozenset({"add_lora", "remove_lora"})
+
+
+class UtilityCall(msgspec.Struct):
+    call_id: int
+    method: str
+    lora_request: LoRARequest | None = None
+    lora_int_id: int = 0
+
+
+class UtilityResult(msgspec.Struct):
+    """`error` is None on success; `param` names the refused field (the
+    caller's mistake: a 400, and the engine serves on)."""
+
+    call_id: int
+    error: str | None = None
+    param: str | None = None
+
+
 class Encoder:
     """One reusable msgpack encoder (it keeps an internal buffer)."""
 
@@ -56,6 +79,7 @@ class CoreInputDecoder:
     def __init__(self) -> None:
         self._request = msgspec.msgpack.Decoder(EngineCoreRequest)
         self._ids = msgspec.msgpack.Decoder(list[str])
+        self._utility = msgspec.msgpack.Decoder(UtilityCall)
 
     def decode(self, frames: list[bytes]) -> tuple[bytes, object]:
         """Raises (msgspec.DecodeError, ValueError, IndexError) on a malformed message."""
@@ -66,6 +90,8 @@ class CoreInputDecoder:
             return kind, self._ids.decode(frames[1])
         if kind == SHUTDOWN:
             return kind, None
+        if kind == UTILITY:
+            return kind, self._utility.decode(frames[1])
         raise ValueError(f"unknown message type {kind!r}")
 
 
@@ -76,6 +102,7 @@ class CoreOutputDecoder:
         self._outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self._ready = msgspec.msgpack.Decoder(ReadyInfo)
         self._heartbeat = msgspec.msgpack.Decoder(Heartbeat)
+        self._utility = msgspec.msgpack.Decoder(UtilityResult)
 
     def decode(self, frames: list[bytes]) -> tuple[bytes, object]:
         kind = frames[0]
@@ -87,4 +114,6 @@ class CoreOutputDecoder:
             return kind, frames[1].decode("utf-8", "replace")
         if kind == HEARTBEAT:
             return kind, self._heartbeat.decode(frames[1])
+        if kind == UTILITY_RESULT:
+            return kind, self._utility.decode(frames[1])
         raise ValueError(f"unknown message type {kind!r}")

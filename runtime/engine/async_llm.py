@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.core.outputs import EngineCoreOutputs, SchedulerStats
 from pagoda.runtime.engine.core_client import EngineCoreClient, EngineDeadError
+from pagoda.runtime.engine.lora_registry import LoRARegistry
 from pagoda.runtime.engine.output_collector import RequestOutputCollector
 from pagoda.runtime.engine.output_processor import OutputKind, OutputProcessor, ProcessedOutputs
 from pagoda.runtime.engine.processor import (
@@ -32,6 +33,7 @@ from pagoda.runtime.engine.processor import (
     resolve_eos_token_ids,
 )
 from pagoda.runtime.engine.tokenizer import load_tokenizer
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.outputs import RequestOutput
 from pagoda.runtime.sampling_params import InvalidRequestError, SamplingParams
 
@@ -118,6 +120,8 @@ class AsyncLLM:
         # most the longest vocabulary entry's characters. Refusing by length
         # first means an 8 MB prompt is never tokenized at all.
         self.max_prompt_chars = max_prompt_chars(tokenizer, self.max_model_len)
+        # Adapters by name (the server sets it up when LoRA is on).
+        self.lora_registry: LoRARegistry | None = None
         self._handler = asyncio.get_running_loop().create_task(self._output_handler())
         self._background: set[asyncio.Task] = set()
 
@@ -215,6 +219,7 @@ class AsyncLLM:
         prompt_text: str | None = None,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestHandle:
         """Validate and submit one request; iterate its outputs with `outputs()`.
 
@@ -224,7 +229,14 @@ class AsyncLLM:
         response, so these become HTTP errors rather than broken streams.
         """
         handles = await self.add_requests(
-            [request_id], [prompt], params, kind, [prompt_text], add_special_tokens, cache_salt
+            [request_id],
+            [prompt],
+            params,
+            kind,
+            [prompt_text],
+            add_special_tokens,
+            cache_salt,
+            lora_request,
         )
         return handles[0]
 
@@ -237,9 +249,11 @@ class AsyncLLM:
         prompt_texts: list[str | None] | None = None,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[RequestHandle]:
         """Submit several prompts, all or none: if one is refused, those
-        already submitted are aborted and forgotten, and the error is raised."""
+        already submitted are aborted and forgotten, and the error is raised.
+        `lora_request` (from `lora_registry.resolve`) runs them with an adapter."""
         self._check_alive()
         limit = self.max_waiting_requests
         if limit is not None and len(prompts) * params.n > limit:
@@ -258,7 +272,14 @@ class AsyncLLM:
             for rid, prompt, text in zip(request_ids, prompts, texts):
                 handles.append(
                     await self._add_one(
-                        rid, prompt, params, kind, text, add_special_tokens, cache_salt
+                        rid,
+                        prompt,
+                        params,
+                        kind,
+                        text,
+                        add_special_tokens,
+                        cache_salt,
+                        lora_request,
                     )
                 )
                 self.num_pending -= params.n
@@ -280,6 +301,7 @@ class AsyncLLM:
         prompt_text: str | None,
         add_special_tokens: bool,
         cache_salt: str | None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestHandle:
         if request_id in self._collectors or request_id in self.output_processor.parents:
             # Checked before anything is registered: the request that owns
@@ -295,6 +317,7 @@ class AsyncLLM:
                 params,
                 add_special_tokens=add_special_tokens,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
             ),
         )
         self._check_alive()
@@ -316,6 +339,8 @@ class AsyncLLM:
             request_id, prompt_text, token_ids, params, kind, core_req.arrival_time
         )
         self._collectors[request_id] = handle.collector
+        if self.lora_registry is not None:
+            self.lora_registry.request_started(request_id, lora_request)
         if self.stat_logger is not None:
             self.stat_logger.on_request_added(
                 request_id, [c for c, _ in children], len(token_ids), core_req.arrival_time
@@ -393,6 +418,8 @@ class AsyncLLM:
     def _forget(self, request_id: str) -> list[str]:
         """Drop a request from this process at once; its engine-core ids to abort."""
         self._collectors.pop(request_id, None)
+        if self.lora_registry is not None:
+            self.lora_registry.request_done(request_id)
         ids = self.output_processor.abort_request(request_id)
         if ids and self.stat_logger is not None:
             self.stat_logger.on_request_aborted(request_id)
@@ -428,6 +455,8 @@ class AsyncLLM:
                     collector = self._collectors.get(ro.request_id)
                     if collector is not None:
                         collector.put(ro)
+                    if ro.finished and self.lora_registry is not None:
+                        self.lora_registry.request_done(ro.request_id)
                 if processed.reqs_to_abort:
                     await self.client.abort_requests(processed.reqs_to_abort)
                 if outputs.scheduler_stats is not None:

@@ -38,10 +38,15 @@ from pagoda.runtime.core.wire import (
     OUTPUTS,
     READY,
     SHUTDOWN,
+    UTILITY,
+    UTILITY_RESULT,
     CoreOutputDecoder,
     Encoder,
     ReadyInfo,
+    UtilityCall,
 )
+from pagoda.runtime.lora.request import LoRARequest
+from pagoda.runtime.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +104,9 @@ class EngineCoreClient:
         )
         self.proc.start()
         self.info: ReadyInfo | None = None
+        # Utility calls waiting for their answer: call id -> future.
+        self._calls: dict[int, asyncio.Future] = {}
+        self._next_call = 0
 
     @property
     def socket_dir(self) -> str:
@@ -185,6 +193,38 @@ class EngineCoreClient:
         if self._dead_event is not None:
             self._dead_event.set()
 
+    async def call_utility(
+        self, method: str, lora_request: LoRARequest | None = None, lora_int_id: int = 0
+    ) -> None:
+        """Run an EngineCore method between two of its steps and wait for it.
+
+        Raises InvalidRequestError (the core refused: a bad adapter),
+        RuntimeError (it failed, changing nothing) or EngineDeadError. The
+        answer arrives on the output socket, read by whoever reads outputs
+        (`get_output`), so a call needs the output loop running.
+        """
+        self._check_alive()
+        self._next_call += 1
+        call_id = self._next_call
+        future = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        call = UtilityCall(call_id, method, lora_request, lora_int_id)
+        try:
+            await self.input_socket.send_multipart([UTILITY, self._encoder.encode(call)])
+            died = asyncio.ensure_future(self._dead_event.wait())
+            try:
+                await asyncio.wait({future, died}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                died.cancel()
+            self._check_alive()
+        finally:
+            self._calls.pop(call_id, None)
+        result = future.result()
+        if result.error is not None:
+            if result.param is not None:
+                raise InvalidRequestError(result.error, param=result.param)
+            raise RuntimeError(result.error)
+
     async def add_request(self, req: EngineCoreRequest) -> None:
         self._check_alive()
         await self.input_socket.send_multipart([ADD, self._encoder.encode(req)], copy=False)
@@ -200,6 +240,11 @@ class EngineCoreClient:
             self._last_message = time.monotonic()
             if kind == HEARTBEAT:
                 self._stalled_s = payload.stalled_s
+                continue
+            if kind == UTILITY_RESULT:
+                future = self._calls.pop(payload.call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(payload)
                 continue
             if kind == FAILED:
                 self._mark_dead(payload)
@@ -248,7 +293,9 @@ class EngineCoreClient:
                 self.proc.terminate()
                 self.proc.join(timeout)
             if self.proc.is_alive():
-                os.kill(self.proc.pid, signal.SIGKILL)
+                # It may exit between the check and the signal.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.join()
         finally:
             self.ctx.destroy(linger=0)

@@ -26,11 +26,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.engine.async_llm import AsyncLLM
 from pagoda.runtime.engine.core_client import EngineDeadError
+from pagoda.runtime.engine.lora_registry import LoRARegistry
 from pagoda.runtime.entrypoints.openai.errors import (
     APIError,
     error_response,
     install_error_handlers,
 )
+from pagoda.runtime.entrypoints.openai.lora_file import AdaptersFileWatcher
+from pagoda.runtime.entrypoints.openai.lora_routes import adapter_cards, install_lora_routes
 from pagoda.runtime.entrypoints.openai.metrics import ServingMetrics
 from pagoda.runtime.entrypoints.openai.middleware import ServerMiddleware, ServerState
 from pagoda.runtime.entrypoints.openai.openapi import (
@@ -83,6 +86,9 @@ class ServerConfig:
     engine_step_timeout: float | None = 300.0
     num_threads: int | None = None
     log_level: str = "INFO"
+    # A JSON list of {name, path} the server's LoRA adapters converge on.
+    lora_adapters_file: str | None = None
+    lora_adapters_poll_interval: float = 2.0
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
@@ -97,6 +103,12 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
     metrics = ServingMetrics(model_name, engine.max_model_len, registry)
     metrics.track_pending(lambda: engine.num_pending)
     engine.stat_logger = metrics
+    if engine.args.enable_lora:
+        loras = LoRARegistry(engine.client.call_utility, model_name, metrics.on_lora_event)
+        engine.lora_registry = loras
+        metrics.max_lora = engine.args.max_loras
+        metrics.lora_names = lambda lora_id: loras.names.get(lora_id, str(lora_id))
+        metrics.loras_loaded.set_function(lambda: len(loras.adapters))
 
     app = FastAPI(title="Pagoda OpenAI-compatible server")
     app.state.server_state = state
@@ -152,8 +164,14 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
 
     @app.get("/v1/models", response_model=ModelList, responses=COMMON_ERRORS)
     async def models() -> dict:
-        card = ModelCard(id=model_name, root=engine.args.model, max_model_len=engine.max_model_len)
-        return ModelList(data=[card]).model_dump()
+        cards = [
+            ModelCard(id=model_name, root=engine.args.model, max_model_len=engine.max_model_len)
+        ]
+        if engine.lora_registry is not None:
+            cards += adapter_cards(engine.lora_registry, engine.max_model_len)
+        return ModelList(data=cards).model_dump()
+
+    install_lora_routes(app, engine)
 
     @app.post(
         "/v1/completions",
@@ -267,8 +285,19 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
     )
     state = ServerState()
     exit_code = 0
+    watcher = None
     try:
         app = build_app(engine, config, state)
+        if config.lora_adapters_file:
+            # Loaded before the port opens: the first 200 on /health means the
+            # adapters the file lists are served (or their errors logged).
+            watcher = AdaptersFileWatcher(
+                config.lora_adapters_file,
+                engine.lora_registry,
+                config.lora_adapters_poll_interval,
+            )
+            await watcher.sync()
+            watcher.start()
         uv_config = uvicorn.Config(
             app,
             host=config.host,
@@ -299,6 +328,8 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
         if not server.started:
             exit_code = exit_code or 1  # e.g. the port was taken
     finally:
+        if watcher is not None:
+            await watcher.stop()
         await engine.shutdown()
     return exit_code
 

@@ -42,6 +42,14 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "one engine step taking this long counts as hung (0: never)",
     ),
     ("num-threads", int, None, "torch CPU threads of the engine core (default: torch's)"),
+    (
+        "lora-adapters-file",
+        str,
+        None,
+        "JSON list of {name, path}: LoRA adapters loaded before ready, then kept in sync "
+        "with the file (needs --enable-lora)",
+    ),
+    ("lora-adapters-poll-interval", float, 2.0, "seconds between checks of --lora-adapters-file"),
 ]
 
 
@@ -73,6 +81,12 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
                 f"--{flag.replace('_', '-')} must be non-negative, got {getattr(ns, flag)}"
             )
     args = engine_args_from(ns)
+    if ns.lora_adapters_file and not args.enable_lora:
+        raise ValueError("--lora-adapters-file needs --enable-lora")
+    if ns.lora_adapters_poll_interval <= 0:
+        raise ValueError(
+            f"--lora-adapters-poll-interval must be positive, got {ns.lora_adapters_poll_interval}"
+        )
     config = ServerConfig(
         host=ns.host,
         port=ns.port,
@@ -85,5 +99,7 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
         engine_step_timeout=ns.engine_step_timeout or None,
         num_threads=ns.num_threads,
         log_level=ns.log_level,
+        lora_adapters_file=ns.lora_adapters_file,
+        lora_adapters_poll_interval=ns.lora_adapters_poll_interval,
     )
     return args, config

@@ -24,6 +24,7 @@ _TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    409: "ConflictError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",

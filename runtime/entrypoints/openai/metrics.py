@@ -102,6 +102,31 @@ class ServingMetrics:
             "Engine-core requests still in the API process (being tokenized or "
             "validated); queue depth = vllm:num_requests_waiting + this.",
         )
+        self._lora_info = Gauge(
+            "vllm:lora_requests_info",
+            "The LoRA adapters of running and waiting requests (as labels; the value "
+            "is when they last changed).",
+            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=registry,
+        )
+        self._lora_info_key: tuple[str, str] | None = None
+        self.max_lora = 0
+        self.lora_names: Callable[[int], str] = str
+        self.loras_loaded = gauge(
+            "pagoda:lora_adapters_loaded", "LoRA adapters this server serves by name."
+        )
+        self._lora_loads = Counter(
+            "pagoda:lora_adapter_loads",
+            "LoRA adapter loads, by outcome (ok, replaced, error).",
+            ["model_name", "outcome"],
+            registry=registry,
+        )
+        self._lora_unloads = Counter(
+            "pagoda:lora_adapter_unloads",
+            "LoRA adapter unloads, by outcome (ok, not_found).",
+            ["model_name", "outcome"],
+            registry=registry,
+        )
         self._rejected = Counter(
             "pagoda:requests_rejected",
             "Requests refused with an error status, by reason.",
@@ -159,8 +184,25 @@ class ServingMetrics:
         if req is not None:
             self._success.labels(self._model_name, "abort").inc()
 
+    def on_lora_event(self, event: str, outcome: str) -> None:
+        counter = self._lora_loads if event == "load" else self._lora_unloads
+        counter.labels(self._model_name, outcome).inc()
+
+    def _update_lora_info(self, running: dict[int, int], waiting: dict[int, int]) -> None:
+        key = (
+            ",".join(sorted(self.lora_names(i) for i in running)),
+            ",".join(sorted(self.lora_names(i) for i in waiting)),
+        )
+        if key != self._lora_info_key:
+            # One series at a time: the labels are the state.
+            self._lora_info.clear()
+            self._lora_info.labels(*key, str(self.max_lora)).set(time.time())
+            self._lora_info_key = key
+
     def on_step(self, outputs: EngineCoreOutputs, processed: ProcessedOutputs) -> None:
         stats = outputs.scheduler_stats
+        if stats is not None and self.max_lora:
+            self._update_lora_info(stats.running_loras, stats.waiting_loras)
         if stats is not None:
             self.running.set(stats.num_running_reqs)
             self.waiting.set(stats.num_waiting_reqs)

@@ -360,7 +360,28 @@ class ModelCard(OpenAIModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "pagoda"
     root: str
+    # For a LoRA adapter: the base model it runs on (vLLM's field).
+    parent: str | None = None
     max_model_len: int
+
+
+class LoadLoRAAdapterRequest(OpenAIModel):
+    lora_name: str = Field(min_length=1, max_length=128)
+    # A folder the server can read, or hf://org/repo[/subfolder] from its cache.
+    lora_path: str = Field(min_length=1, max_length=4096)
+    # Load another folder under a name already taken: requests in flight
+    # finish on the old weights, new ones get the new.
+    replace: bool = False
+
+
+class UnloadLoRAAdapterRequest(OpenAIModel):
+    lora_name: str = Field(min_length=1, max_length=128)
+
+
+class LoRAAdapterResponse(OpenAIModel):
+    lora_name: str
+    lora_path: str | None = None
+    status: str
 
 
 class ModelList(OpenAIModel):

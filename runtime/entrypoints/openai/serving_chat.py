@@ -84,7 +84,8 @@ class OpenAIServingChat(OpenAIServing):
             raise APIError(f"chat template failed: {exc}", 400, param="messages") from exc
 
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
-        self.check_model(body.model)
+        lora_request = self.check_model(body.model)
+        model = self.response_model_name(lora_request)
         # (Unsupported fields such as a JSON response_format were refused when
         # the body was parsed: request_screen.py.)
         if body.top_logprobs is not None and not body.logprobs:
@@ -102,18 +103,24 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         kind = OutputKind.DELTA if body.stream else OutputKind.FINAL
         handles = await self.add_requests(
-            request_id, [prompt], params, kind, body.add_special_tokens, body.cache_salt
+            request_id,
+            [prompt],
+            params,
+            kind,
+            body.add_special_tokens,
+            body.cache_salt,
+            lora_request,
         )
         top = body.top_logprobs or 0
         try:
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 stream = self._stream(
-                    handles, request_id, created, params.n, logprobs, top, include_usage
+                    handles, request_id, created, params.n, logprobs, top, include_usage, model
                 )
                 return self.stream_response(handles, stream)
             final = await run_until_disconnected(raw, self._last(handles))
-            return JSONResponse(self._response(final, request_id, created, logprobs, top))
+            return JSONResponse(self._response(final, request_id, created, logprobs, top, model))
         except BaseException:
             self.abort_unfinished(handles)
             raise
@@ -126,7 +133,9 @@ class OpenAIServingChat(OpenAIServing):
         assert last is not None
         return last
 
-    def _response(self, final: RequestOutput, request_id, created, logprobs, top) -> dict:
+    def _response(
+        self, final: RequestOutput, request_id, created, logprobs, top, model: str
+    ) -> dict:
         choices = []
         completion_tokens = 0
         for c in final.outputs:
@@ -146,19 +155,19 @@ class OpenAIServingChat(OpenAIServing):
         prompt_tokens = len(final.prompt_token_ids)
         usage = UsageInfo.of(prompt_tokens, completion_tokens, final.num_cached_tokens)
         resp = ChatCompletionResponse(
-            id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
+            id=request_id, created=created, model=model, choices=choices, usage=usage
         )
         return resp.model_dump()
 
     async def _stream(
-        self, handles, request_id, created, n, logprobs, top, include_usage
+        self, handles, request_id, created, n, logprobs, top, include_usage, model: str
     ) -> AsyncIterator[str]:
         def chunk(choices, usage=None) -> str:
             return sse(
                 ChatCompletionChunk(
                     id=request_id,
                     created=created,
-                    model=self.model_name,
+                    model=model,
                     choices=choices,
                     usage=usage,
                 ).model_dump()

@@ -71,7 +71,8 @@ class CompletionLogprobsBuilder:
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, body: CompletionRequest, raw: Request):
-        self.check_model(body.model)
+        lora_request = self.check_model(body.model)
+        model = self.response_model_name(lora_request)
         if body.suffix:
             raise APIError("suffix is not supported", 400, param="suffix")
         if body.echo and body.logprobs is not None:
@@ -92,7 +93,13 @@ class OpenAIServingCompletion(OpenAIServing):
         # only the finished request (FINAL): one message instead of one per token.
         kind = OutputKind.DELTA if body.stream else OutputKind.FINAL
         handles = await self.add_requests(
-            request_id, prompts, params, kind, body.add_special_tokens, body.cache_salt
+            request_id,
+            prompts,
+            params,
+            kind,
+            body.add_special_tokens,
+            body.cache_salt,
+            lora_request,
         )
         try:
             tokenizer = self.engine.tokenizer
@@ -103,12 +110,21 @@ class OpenAIServingCompletion(OpenAIServing):
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 stream = self._stream(
-                    handles, request_id, created, params.n, body.logprobs, echo_texts, include_usage
+                    handles,
+                    request_id,
+                    created,
+                    params.n,
+                    body.logprobs,
+                    echo_texts,
+                    include_usage,
+                    model,
                 )
                 return self.stream_response(handles, stream)
             final = await run_until_disconnected(raw, self._collect(handles))
             return JSONResponse(
-                self._response(final, request_id, created, params.n, body.logprobs, echo_texts)
+                self._response(
+                    final, request_id, created, params.n, body.logprobs, echo_texts, model
+                )
             )
         except BaseException:
             self.abort_unfinished(handles)
@@ -121,7 +137,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 final[i] = out
         return final  # type: ignore[return-value]
 
-    def _response(self, final, request_id, created, n, logprobs, echo_texts) -> dict:
+    def _response(self, final, request_id, created, n, logprobs, echo_texts, model: str) -> dict:
         choices = []
         prompt_tokens = completion_tokens = cached_tokens = 0
         for i, ro in enumerate(final):
@@ -144,12 +160,12 @@ class OpenAIServingCompletion(OpenAIServing):
         choices.sort(key=lambda c: c.index)
         usage = UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens)
         resp = CompletionResponse(
-            id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
+            id=request_id, created=created, model=model, choices=choices, usage=usage
         )
         return resp.model_dump()
 
     async def _stream(
-        self, handles, request_id, created, n, logprobs, echo_texts, include_usage
+        self, handles, request_id, created, n, logprobs, echo_texts, include_usage, model: str
     ) -> AsyncIterator[str]:
         prompt_tokens = completion_tokens = 0
         cached = [0] * len(handles)
@@ -179,7 +195,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         chunk = CompletionChunk(
                             id=request_id,
                             created=created,
-                            model=self.model_name,
+                            model=model,
                             choices=[
                                 CompletionChoice(
                                     index=index,
@@ -196,7 +212,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     chunk = CompletionChunk(
                         id=request_id,
                         created=created,
-                        model=self.model_name,
+                        model=model,
                         choices=[],
                         usage=usage,
                     )

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from pagoda.runtime.engine.async_llm import AsyncLLM, RequestHandle
 from pagoda.runtime.engine.output_processor import OutputKind
 from pagoda.runtime.entrypoints.openai.errors import APIError, error_body
+from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.outputs import Logprob, RequestOutput
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -42,9 +43,19 @@ class OpenAIServing:
     def model_name(self) -> str:
         return self.config.served_model_name
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(f"The model `{model}` does not exist.", 404, param="model")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter `model` names (None: the base model); 404 if it names
+        nothing this server serves."""
+        if model is None or model == self.model_name:
+            return None
+        registry = self.engine.lora_registry
+        if registry is not None and model in registry.adapters:
+            return registry.adapters[model]
+        raise APIError(f"The model `{model}` does not exist.", 404, param="model")
+
+    def response_model_name(self, lora_request: LoRARequest | None) -> str:
+        """What a response's `model` says: the adapter asked for, else the base."""
+        return lora_request.lora_name if lora_request is not None else self.model_name
 
     async def add_requests(
         self,
@@ -54,6 +65,7 @@ class OpenAIServing:
         kind: OutputKind,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> list[RequestHandle]:
         """Submit one engine request per prompt, all or none. Every refusal
         (bad field, overload, dead engine) raises here, before a response
@@ -64,7 +76,13 @@ class OpenAIServing:
             else [f"{request_id}-{i}" for i in range(len(prompts))]
         )
         return await self.engine.add_requests(
-            ids, prompts, params, kind, add_special_tokens=add_special_tokens, cache_salt=cache_salt
+            ids,
+            prompts,
+            params,
+            kind,
+            add_special_tokens=add_special_tokens,
+            cache_salt=cache_salt,
+            lora_request=lora_request,
         )
 
     def abort_unfinished(self, handles: list[RequestHandle]) -> None:

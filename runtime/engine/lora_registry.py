@@ -1,0 +1,174 @@
+"""The server's LoRA adapters by name, and their life cycle in the engine.
+
+Each loaded folder gets its own `lora_int_id`. Loading the same name with
+another folder (`replace`) gives a new id: requests in flight keep the old
+weights to their end, new requests get the new ones, and the two never share
+prefix-cache blocks. An adapter that is unloaded or replaced leaves the
+engine only once its last request is done; the core's memory is never
+freed under a running request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from pagoda.runtime.lora.request import LoRARequest
+from pagoda.runtime.sampling_params import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+# (method, lora_request, lora_int_id) -> awaitable: the engine core's call.
+EngineCall = Callable[..., Awaitable[None]]
+# (event, outcome): "load"/"unload", "ok"/"error"/...
+EventHook = Callable[[str, str], None]
+
+
+class LoRAConflictError(InvalidRequestError):
+    """The name is taken by another folder (HTTP 409)."""
+
+
+class LoRANotFoundError(InvalidRequestError):
+    """No adapter of that name (HTTP 404)."""
+
+
+def resolve_lora_path(path: str) -> str:
+    """A folder, or `hf://org/repo[/sub/folder]` from the local Hugging Face
+    cache (never downloaded: pods read a mounted cache)."""
+    if not path.startswith("hf://"):
+        return str(Path(path).expanduser())
+    from pagoda.runtime.model_loader.resolve import hf_cache_snapshot
+
+    parts = path.removeprefix("hf://").split("/")
+    if len(parts) < 2 or not all(parts[:2]):
+        raise InvalidRequestError(
+            f"lora_path {path!r}: expected hf://org/repo[/subfolder]", param="lora_path"
+        )
+    snapshot = hf_cache_snapshot("/".join(parts[:2]))
+    if snapshot is None:
+        raise InvalidRequestError(
+            f"lora_path {path!r}: {parts[0]}/{parts[1]} is not in the local Hugging Face "
+            "cache (HF_HOME); adapters are never downloaded at run time",
+            param="lora_path",
+        )
+    return str(snapshot.joinpath(*parts[2:]))
+
+
+class LoRARegistry:
+    def __init__(self, call: EngineCall, base_model_name: str, on_event: EventHook | None = None):
+        self._call = call
+        self.base_model_name = base_model_name
+        self._on_event = on_event or (lambda event, outcome: None)
+        self.adapters: dict[str, LoRARequest] = {}
+        # What the user gave (before hf:// resolution), shown by /v1/models.
+        self.sources: dict[str, str] = {}
+        self.names: dict[int, str] = {}  # every id ever loaded -> its name
+        self._next_id = 0
+        self._lock = asyncio.Lock()
+        self._in_flight: Counter[int] = Counter()
+        self._request_lora: dict[str, int] = {}
+        self._retired: set[int] = set()
+        self._background: set[asyncio.Task] = set()
+
+    def resolve(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names; None for the base model."""
+        if model is None or model == self.base_model_name:
+            return None
+        lora = self.adapters.get(model)
+        if lora is None:
+            raise LoRANotFoundError(f"The model `{model}` does not exist.", param="model")
+        return lora
+
+    async def load(self, name: str, path: str, replace: bool = False) -> LoRARequest:
+        """Load `path` under `name`. Idempotent for the same folder; another
+        folder under a taken name is a LoRAConflictError unless `replace`."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidRequestError(
+                f"lora_name {name!r} must be 1-128 letters, digits or ._:/- "
+                "and start with a letter or digit",
+                param="lora_name",
+            )
+        if name == self.base_model_name:
+            raise InvalidRequestError(
+                f"lora_name {name!r} is the base model's name", param="lora_name"
+            )
+        if not isinstance(path, str) or not path:
+            raise InvalidRequestError("lora_path must be a non-empty string", param="lora_path")
+        async with self._lock:
+            old = self.adapters.get(name)
+            if old is not None and self.sources.get(name) == path:
+                return old  # the same folder again: nothing to do
+            if old is not None and not replace:
+                raise LoRAConflictError(
+                    f"adapter {name!r} is already loaded from {self.sources[name]}; "
+                    'unload it first, or pass "replace": true',
+                    param="lora_name",
+                )
+            try:
+                resolved = resolve_lora_path(path)
+                self._next_id += 1
+                lora = LoRARequest(name, self._next_id, resolved)
+                await self._call("add_lora", lora_request=lora)
+            except InvalidRequestError:
+                self._on_event("load", "error")
+                raise
+            self.adapters[name] = lora
+            self.sources[name] = path
+            self.names[lora.lora_int_id] = name
+            self._on_event("load", "replaced" if old is not None else "ok")
+            logger.info("LoRA adapter %r loaded from %s (id %d)", name, path, lora.lora_int_id)
+            if old is not None:
+                self._retire(old.lora_int_id)
+            return lora
+
+    async def unload(self, name: str) -> None:
+        """Stop serving `name`: new requests get 404, those in flight finish."""
+        async with self._lock:
+            lora = self.adapters.pop(name, None)
+            if lora is None:
+                self._on_event("unload", "not_found")
+                raise LoRANotFoundError(f"no LoRA adapter named {name!r}", param="lora_name")
+            self.sources.pop(name, None)
+            self._on_event("unload", "ok")
+            logger.info("LoRA adapter %r unloaded (id %d)", name, lora.lora_int_id)
+            self._retire(lora.lora_int_id)
+
+    # -- requests in flight ------------------------------------------------------
+
+    def request_started(self, request_id: str, lora: LoRARequest | None) -> None:
+        if lora is not None:
+            self._in_flight[lora.lora_int_id] += 1
+            self._request_lora[request_id] = lora.lora_int_id
+
+    def request_done(self, request_id: str) -> None:
+        lora_id = self._request_lora.pop(request_id, None)
+        if lora_id is None:
+            return
+        self._in_flight[lora_id] -= 1
+        if self._in_flight[lora_id] <= 0:
+            del self._in_flight[lora_id]
+            if lora_id in self._retired:
+                self._remove_from_engine(lora_id)
+
+    def in_flight(self, lora_int_id: int) -> int:
+        return self._in_flight.get(lora_int_id, 0)
+
+    def _retire(self, lora_id: int) -> None:
+        if self._in_flight.get(lora_id, 0) > 0:
+            self._retired.add(lora_id)  # removed when its last request is done
+        else:
+            self._remove_from_engine(lora_id)
+
+    def _remove_from_engine(self, lora_id: int) -> None:
+        self._retired.discard(lora_id)
+        task = asyncio.get_running_loop().create_task(
+            self._call("remove_lora", lora_int_id=lora_id)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
