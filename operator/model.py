@@ -7,8 +7,7 @@ the same models before any logic runs. Cross-field rules are written twice,
 side by side: as CEL (enforced by a real API server at admission) and as a
 pydantic validator (enforced by the operator, for objects that predate a rule
 or API servers that do not run CEL). `tests/operator/test_model.py` evaluates
-both on the same cases so the two cannot drift apart. What the runtime cannot do
-yet (tensor parallelism) is refused by rules built from `capabilities.py`.
+both on the same cases so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -16,12 +15,6 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pagoda.operator.capabilities import (
-    MAX_GPUS_PER_POD,
-    MAX_TENSOR_PARALLEL_SIZE,
-    TENSOR_PARALLEL_UNSUPPORTED,
-    tensor_parallel_supported,
-)
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -34,6 +27,10 @@ SHORT_NAMES = ("llms",)
 API_VERSION = f"{GROUP}/{VERSION}"
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+
+# The most GPUs one pod may request, and so the largest tensor-parallel size
+# (one GPU per rank; a 16-GPU node is the largest common one).
+MAX_GPUS_PER_POD = 16
 
 # A model source: hf://org/name (read from the mounted cache), pvc://claim[/path],
 # an absolute path inside the image, or a bare built-in name.
@@ -73,7 +70,7 @@ OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 GPUS_MESSAGE = (
     "resources.gpus must equal tensorParallelSize: each tensor-parallel rank drives one GPU "
     "and any more would sit idle (set resources.allowUnusedGpus to request them anyway); "
-    "CPU-only pods run with tensorParallelSize 1"
+    "0 or unset runs the ranks on the CPU"
 )
 
 IntOrPercent = Annotated[
@@ -416,17 +413,11 @@ class LLMServiceSpec(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    f"self.tensorParallelSize <= {MAX_TENSOR_PARALLEL_SIZE}",
-                    TENSOR_PARALLEL_UNSUPPORTED,
-                    ".tensorParallelSize",
-                ),
-                cel(
-                    "has(self.resources.profile) || (has(self.resources.gpus)"
-                    " && self.resources.gpus > 0"
-                    " ? self.resources.gpus == self.tensorParallelSize"
+                    "has(self.resources.profile) || !has(self.resources.gpus)"
+                    " || self.resources.gpus == 0"
+                    " || self.resources.gpus == self.tensorParallelSize"
                     " || (has(self.resources.allowUnusedGpus) && self.resources.allowUnusedGpus"
-                    " && self.resources.gpus > self.tensorParallelSize)"
-                    " : self.tensorParallelSize == 1)",
+                    " && self.resources.gpus > self.tensorParallelSize)",
                     GPUS_MESSAGE,
                     ".resources.gpus",
                 ),
@@ -481,8 +472,9 @@ class LLMServiceSpec(Model):
         1,
         ge=1,
         le=MAX_GPUS_PER_POD,
-        description="GPUs one model replica is sharded over (in one pod). Only 1 until "
-        "the runtime supports tensor parallelism.",
+        description="Processes one model replica is sharded over, in one pod "
+        "(`--tensor-parallel-size`): one rank per GPU on GPU pods (equals resources.gpus), "
+        "ranks sharing the pod's cores on CPU pods. Must divide the model's attention heads.",
     )
     engine: EngineSpec = Field(default_factory=EngineSpec)
     api_key_secret_ref: SecretKeyRef | None = Field(
@@ -505,7 +497,6 @@ class LLMServiceSpec(Model):
 
     @model_validator(mode="after")
     def _cross_field(self) -> LLMServiceSpec:
-        check_tensor_parallel(self.tensor_parallel_size)
         if not self.resources.profile:
             check_gpus(
                 self.resources.gpus or 0,
@@ -520,16 +511,14 @@ class LLMServiceSpec(Model):
         return self
 
 
-def check_tensor_parallel(tensor_parallel_size: int) -> None:
-    """The runtime's limit (see capabilities.py); the CEL twin enforces the same."""
-    if not tensor_parallel_supported(tensor_parallel_size):
-        raise RuleError(".tensorParallelSize", TENSOR_PARALLEL_UNSUPPORTED)
-
-
 def check_gpus(gpus: int, tensor_parallel_size: int, allow_unused: bool) -> None:
-    """One GPU per rank; also applied after a profile is resolved."""
+    """One GPU per rank; also applied after a profile is resolved.
+
+    A CPU pod (no GPU) runs its ranks as processes sharing its cores (gloo),
+    so any tensor-parallel size fits it.
+    """
     if gpus == 0:
-        ok = tensor_parallel_size == 1
+        ok = True
     else:
         ok = gpus == tensor_parallel_size or (allow_unused and gpus > tensor_parallel_size)
     if not ok:

@@ -125,6 +125,21 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def last_words(message: str, limit: int = 300) -> str:
+    """The last line a container wrote before it exited (its termination message).
+
+    With `terminationMessagePolicy: FallbackToLogsOnError` the kubelet keeps
+    the end of a failed container's log; the runtime's refusal (a flag it
+    rejects, a tensor-parallel size the model's heads do not divide) is its
+    last line.
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1]
+    return last if len(last) <= limit else "..." + last[-limit:]
+
+
 def pod_problems(
     pods: Iterable[Mapping[str, Any]], now: datetime.datetime, unschedulable_grace: float
 ) -> list[Problem]:
@@ -150,7 +165,11 @@ def pod_problems(
             if waiting.get("reason") in FAILING_WAITING:
                 detail = waiting.get("message") or ""
                 if last.get("reason"):  # e.g. OOMKilled behind a CrashLoopBackOff
-                    detail = f"last exit: {last['reason']} (code {last.get('exitCode')}) {detail}"
+                    said = last_words(last.get("message") or "")
+                    said = f": {said}" if said else ""
+                    detail = (
+                        f"last exit: {last['reason']} (code {last.get('exitCode')}){said} {detail}"
+                    )
                 problems.append(Problem(waiting["reason"], f"pod {name}: {detail}".strip()))
     return problems
 

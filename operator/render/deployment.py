@@ -90,22 +90,23 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
     return env
 
 
-def default_requests(gpus: int) -> tuple[str, str]:
+def default_requests(gpus: int, ranks: int = 1) -> tuple[str, str]:
     """(cpu, memory) requested when the spec names neither.
 
     Without requests a pod is BestEffort: scheduled anywhere and evicted first.
     Extended resources (GPUs) do not count towards the QoS class, so a GPU pod
     needs these too. A GPU pod's host side (tokenizer, scheduler, pinned
-    buffers) grows with its GPUs.
+    buffers) grows with its GPUs. A CPU pod's tensor-parallel ranks are
+    processes computing side by side: one core and one torch process each.
     """
     if gpus:
         return str(4 * gpus), f"{16 * gpus}Gi"
-    return "1", "2Gi"
+    return str(ranks), f"{2 * ranks}Gi"
 
 
 def _resources(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
     res = llms.resources
-    default_cpu, default_memory = default_requests(res.gpus)
+    default_cpu, default_memory = default_requests(res.gpus, llms.spec.tensor_parallel_size)
     limits: dict[str, Any] = {}
     # No CPU limit: throttling the tokenizer and scheduler stalls the GPU.
     requests: dict[str, Any] = {"cpu": res.cpu or default_cpu}
@@ -138,10 +139,12 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 def shares_tensors(llms: LLMService) -> bool:
     """Whether several processes of a pod exchange tensors through /dev/shm.
 
-    With tensor parallelism each rank is a process and NCCL moves tensors
-    between them through shared memory; the container runtime's default 64Mi
-    /dev/shm makes it fail at the first all-reduce. One rank (the API server
-    and its EngineCore exchange only small messages over a socket) needs none.
+    With tensor parallelism each rank is a process: NCCL (GPU) moves tensors
+    between ranks through shared memory, and the engine core broadcasts each
+    step to the ranks through a shared-memory ring, on the CPU too. The
+    container runtime's default 64Mi /dev/shm makes NCCL fail at the first
+    all-reduce. One rank (the API server and its EngineCore exchange only
+    small messages over a socket) needs none.
     """
     return llms.spec.tensor_parallel_size > 1
 
@@ -183,6 +186,9 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
             *spec.engine.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        # A runtime that refuses to start says why on its last log line; this
+        # puts it in the pod's status, and from there in Degraded's message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "envFrom": [{"configMapRef": {"name": configmap_name(llms)}}],
         "resources": _resources(llms, config),
         # Loading a large model takes minutes; the startup probe holds the other

@@ -8,7 +8,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from pagoda.operator import capabilities
 from pagoda.operator.admission import check
 from pagoda.operator.config import OperatorConfig, parse_profiles
 from pagoda.operator.llmservice import parse
@@ -19,8 +18,6 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 PROFILES = parse_profiles(
     yaml.safe_load((REPO / "charts/pagoda/values.yaml").read_text())["profiles"]
 )
-# Examples of what the runtime cannot do yet: refused until capabilities.py lifts the limit.
-NEEDS_TENSOR_PARALLELISM = {"llama-3-70b-tp4.yaml"}
 
 
 def docs(path: Path) -> list[dict[str, Any]]:
@@ -37,19 +34,12 @@ def test_example_is_admitted_by_the_crd_schema(path: Path) -> None:
     for doc in docs(path):
         if doc["kind"] != "LLMService":
             kubernetes_validate.validate(doc, "1.30", strict=True)
-        elif path.name in NEEDS_TENSOR_PARALLELISM:
-            # Refused, saying why, and for that reason only.
-            assert check(doc) == [
-                f"spec.tensorParallelSize: {capabilities.TENSOR_PARALLEL_UNSUPPORTED}"
-            ]
         else:
             assert check(doc) == [], path.name
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_renders_valid_children(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Examples waiting for tensor parallelism render as they will once it lands.
-    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", capabilities.MAX_GPUS_PER_POD)
+def test_example_renders_valid_children(path: Path) -> None:
     config = OperatorConfig(profiles=PROFILES)
     for doc in docs(path):
         if doc["kind"] != "LLMService":
@@ -66,8 +56,27 @@ def test_cpu_demo_needs_no_gpu_and_no_download() -> None:
     assert llms.resources.gpus == 0 and llms.spec.model == "smollm2-135m-instruct"
 
 
-def test_seventy_b_shards_over_four_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", capabilities.MAX_GPUS_PER_POD)
+def test_seventy_b_shards_over_four_gpus_of_one_pod() -> None:
     (big,) = docs(REPO / "examples" / "llama-3-70b-tp4.yaml")
     llms = parse({**big, "metadata": {**big["metadata"], "namespace": "demo"}}, OperatorConfig())
     assert llms.spec.tensor_parallel_size == 4 and llms.resources.gpus == 4
+    (deployment,) = [
+        c for c in render_children(llms, OperatorConfig()).present if c["kind"] == "Deployment"
+    ]
+    (runtime,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert runtime["args"][runtime["args"].index("--tensor-parallel-size") + 1] == "4"
+    assert runtime["resources"]["limits"]["nvidia.com/gpu"] == 4
+    (shm,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
+    # The shared memory counts against the pod's memory limit: it must fit.
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert runtime["resources"]["limits"]["memory"] == "384Gi"
+
+
+def test_the_four_gpu_profile_serves_the_seventy_b_example() -> None:
+    (big,) = docs(REPO / "examples" / "llama-3-70b-tp4.yaml")
+    spec = {**big["spec"], "resources": {"profile": "nvidia-h100-80gb-x4"}}
+    doc = {**big, "metadata": {**big["metadata"], "namespace": "demo"}, "spec": spec}
+    assert check(doc) == []
+    llms = parse(doc, OperatorConfig(profiles=PROFILES))
+    assert llms.resources.gpus == 4 == llms.spec.tensor_parallel_size
+    assert llms.resources.gpu_type == "NVIDIA-H100-80GB-HBM3"

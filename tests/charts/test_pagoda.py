@@ -181,8 +181,9 @@ def test_default_profiles_are_valid_for_the_operator(helm: Path, tmp_path: Path)
     profiles.write_text(configmap["data"]["profiles.yaml"])
     config = OperatorConfig.from_env({"PAGODA_OPERATOR_PROFILES_FILE": str(profiles)})
     assert config.profiles["nvidia-h100-80gb"].gpus == 1
-    # One GPU per rank: a multi-GPU profile waits for tensor parallelism in the runtime.
-    assert all((profile.gpus or 0) <= 1 for profile in config.profiles.values())
+    # One GPU per rank: the four-GPU profile is for tensorParallelSize 4.
+    assert config.profiles["nvidia-h100-80gb-x4"].gpus == 4
+    assert config.profiles["nvidia-h100-80gb-x4"].shared_memory == "32Gi"
 
 
 def rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

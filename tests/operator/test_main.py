@@ -224,13 +224,18 @@ async def test_invalid_spec_is_degraded_with_an_event_and_no_children(operator: 
         assert not exists(operator, resource, name)
 
 
-async def test_tensor_parallel_spec_is_refused_saying_why(operator: ApiServer) -> None:
+async def test_a_tensor_parallel_spec_rolls_out_ranks_gpus_and_shared_memory(
+    operator: ApiServer,
+) -> None:
     await create(operator, llmservice("tp", tensorParallelSize=2, resources={"gpus": 2}))
+    deployment = await eventually(lambda: obj(operator, DEPLOYMENTS, "tp"))
+    pod = deployment["spec"]["template"]["spec"]
+    (runtime,) = pod["containers"]
+    assert runtime["args"][runtime["args"].index("--tensor-parallel-size") + 1] == "2"
+    assert runtime["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in runtime["volumeMounts"]
     degraded = await eventually(lambda: condition(operator, "tp", "Degraded"))
-    assert degraded["reason"] == "InvalidSpec"
-    assert "spec.tensorParallelSize" in degraded["message"]
-    assert "not supported yet" in degraded["message"] and "pagoda serve" in degraded["message"]
-    assert not exists(operator, DEPLOYMENTS, "tp")
+    assert degraded["status"] == "False"
 
 
 async def test_missing_secret_blocks_children_until_it_exists(operator: ApiServer) -> None:

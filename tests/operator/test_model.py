@@ -37,15 +37,18 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"model": "pvc://models"}, None),
     ({"model": "/opt/models/llama"}, None),
     ({"model": "s3://bucket/model"}, "spec.model"),
-    # Tensor parallelism is refused until the runtime has it (capabilities.py).
-    ({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
-    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
-    ({**BASE, "tensorParallelSize": 3, "resources": {"gpus": 4}}, "spec.tensorParallelSize"),
-    ({**BASE, "tensorParallelSize": 2}, "spec.tensorParallelSize"),
+    # Tensor parallelism: one GPU per rank on GPU pods; ranks share the cores of a CPU pod.
+    ({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}}, None),
+    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4}}, "spec.resources.gpus"),
+    ({**BASE, "tensorParallelSize": 2, "resources": {"gpus": 4, "allowUnusedGpus": True}}, None),
     (
-        {**BASE, "tensorParallelSize": 4, "resources": {"profile": "h100x4"}},
-        "spec.tensorParallelSize",
+        {**BASE, "tensorParallelSize": 4, "resources": {"gpus": 2, "allowUnusedGpus": True}},
+        "spec.resources.gpus",
     ),
+    ({**BASE, "tensorParallelSize": 3}, None),
+    ({**BASE, "tensorParallelSize": 3, "resources": {"gpus": 0}}, None),
+    ({**BASE, "tensorParallelSize": 4, "resources": {"profile": "h100x4"}}, None),
+    ({**BASE, "tensorParallelSize": 0}, "spec.tensorParallelSize"),
     ({**BASE, "tensorParallelSize": 17, "resources": {"gpus": 16}}, "spec.tensorParallelSize"),
     # One GPU per rank, unless the user opts in.
     ({**BASE, "resources": {"gpus": 1}}, None),
@@ -151,22 +154,6 @@ def test_unknown_fields_are_ignored_and_listed_not_rejected() -> None:
         "value": "1",
     }
     assert check(body(spec)) == []  # a real API server prunes them; the schema allows it
-
-
-def test_the_tensor_parallel_limit_lives_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pagoda.operator import capabilities, crd
-
-    rules = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
-        "x-kubernetes-validations"
-    ]
-    (rule,) = [r for r in rules if r["message"] == capabilities.TENSOR_PARALLEL_UNSUPPORTED]
-    assert rule["rule"] == f"self.tensorParallelSize <= {capabilities.MAX_TENSOR_PARALLEL_SIZE}"
-    tp4 = body({**BASE, "tensorParallelSize": 4, "resources": {"gpus": 4}})
-    with pytest.raises(InvalidSpec, match="not supported yet"):
-        parse(tp4, OperatorConfig())
-    # Lifting the limit is changing that one value (and regenerating the CRD).
-    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", capabilities.MAX_GPUS_PER_POD)
-    assert parse(tp4, OperatorConfig()).spec.tensor_parallel_size == 4
 
 
 def test_gpu_and_tensor_parallel_caps_agree() -> None:

@@ -182,6 +182,22 @@ def test_failing_pods_are_named_with_their_reason() -> None:
     assert cond(s, "Degraded")["reason"] == "ImagePullBackOff"
 
 
+def test_a_crash_loop_carries_the_runtimes_last_words() -> None:
+    log_tail = (
+        "INFO loading smollm2-135m-instruct\n"
+        "pagoda: error: tensor_parallel_size 2 does not divide this model's "
+        "9 attention heads and 3 key/value heads; choose a size that divides them\n"
+    )
+    crashing = {
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+        "lastState": {"terminated": {"reason": "Error", "exitCode": 2, "message": log_tail}},
+    }
+    (problem,) = pod_problems((pod("a", ready=False, containerStatuses=[crashing]),), NOW, 300)
+    assert problem.reason == "CrashLoopBackOff"
+    assert problem.message.startswith("pod a: last exit: Error (code 2): pagoda: error: ")
+    assert "9 attention heads" in problem.message and "loading" not in problem.message
+
+
 def test_unschedulable_is_degraded_only_past_the_grace_period() -> None:
     since = (NOW - datetime.timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
     unschedulable = {

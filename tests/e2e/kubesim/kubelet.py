@@ -15,7 +15,8 @@ engine settings for tests belong in the LLMService spec (`engine`, `env`).
 Then it does a kubelet's job, with probe periods compressed to
 `probe_interval`: reports the pod Running with its IP, Ready from the
 readiness probe (the runtime's real /health), restarts a container whose
-process exits (restartCount, lastState, CrashLoopBackOff while backing off),
+process exits (restartCount, lastState with the termination message of its
+policy, CrashLoopBackOff while backing off),
 restarts one whose liveness probe fails, and on pod deletion runs the preStop
 pause, sends SIGTERM and SIGKILLs after the grace period. `kill()` plays a
 crash (an OOM kill, say).
@@ -267,6 +268,9 @@ class Kubelet:
                 "finishedAt": now(),
                 "startedAt": handle.started_at,
             }
+            message = self._termination_message(handle, code)
+            if message:
+                handle.last_exit["message"] = message
             handle.process, handle.started_at, handle.started_up = None, None, False
             backoff = 0.0 if handle.restarts == 1 else min(10.0, 2.0 ** (handle.restarts - 2))
             if backoff:
@@ -299,6 +303,20 @@ class Kubelet:
         handle.started_at, handle.waiting = now(), None
         await self._report(handle)
         return True
+
+    @staticmethod
+    def _termination_message(handle: PodProcess, code: int) -> str:
+        """What the kubelet keeps of a failed container's output, as its policy says.
+
+        `FallbackToLogsOnError`: the last 80 lines (at most 2048 bytes) of the
+        log of a container that failed. (No container here writes
+        /dev/termination-log, the other source.)
+        """
+        policy = handle.container.get("terminationMessagePolicy", "File")
+        if policy != "FallbackToLogsOnError" or code == 0:
+            return ""
+        this_run = handle.log(1 << 20).rsplit("\n--- start ", 1)[-1].split("\n", 1)[-1]
+        return "\n".join(this_run.splitlines()[-80:])[-2048:]
 
     def _argv(self, handle: PodProcess) -> list[str]:
         command = list(handle.container.get("command") or [])

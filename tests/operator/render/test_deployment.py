@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
-import pytest
-from pagoda.operator import capabilities
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import parse
 from pagoda.operator.model import ResourcesSpec
@@ -187,13 +185,24 @@ def test_profile_supplies_resources_and_explicit_fields_win() -> None:
     assert pod(d)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100"}
 
 
-def test_processes_sharing_tensors_get_a_memory_backed_shm(monkeypatch: pytest.MonkeyPatch) -> None:
-    # As it will render once the runtime has tensor parallelism (capabilities.py).
-    monkeypatch.setattr(capabilities, "MAX_TENSOR_PARALLEL_SIZE", 4)
+def test_tensor_parallel_size_maps_to_gpus_shm_and_the_flag() -> None:
     d = render(tensorParallelSize=4, resources={"gpus": 4, "sharedMemory": "32Gi"})
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(d)["volumeMounts"]
+    c = container(d)
+    flags = dict(zip(c["args"][1::2], c["args"][2::2]))
+    assert flags["--tensor-parallel-size"] == "4"
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == 4
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     (volume,) = [v for v in pod(d)["volumes"] if v["name"] == "dshm"]
     assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+
+
+def test_a_tensor_parallel_cpu_pod_has_shm_and_a_core_per_rank() -> None:
+    c = container(render(tensorParallelSize=3))
+    flags = dict(zip(c["args"][1::2], c["args"][2::2]))
+    assert flags["--tensor-parallel-size"] == "3"
+    assert c["resources"] == {"requests": {"cpu": "3", "memory": "6Gi"}}  # no GPU asked
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
 
 
 def test_one_rank_shares_no_tensors_and_has_no_shm_volume() -> None:
