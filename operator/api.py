@@ -270,6 +270,42 @@ class KubeApi:
             target=f"LLMService {namespace}/{name} status",
         )
 
+    async def get_scale(self, namespace: str, name: str) -> dict[str, Any]:
+        """The LLMService's scale subresource (spec.replicas, metadata.resourceVersion)."""
+        return await self._json(
+            self._api("CustomObjectsApi").get_namespaced_custom_object_scale,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            target=f"LLMService {namespace}/{name} scale",
+        )
+
+    async def patch_scale(
+        self, namespace: str, name: str, replicas: int, resource_version: str | None
+    ) -> None:
+        """Set the LLMService's replicas through its scale subresource, as HPA does.
+
+        With `resource_version` the write is refused (409) if the object
+        changed since it was read, so a concurrent `kubectl scale` is never
+        overwritten by a decision made on the count before it.
+        """
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        await self._json(
+            self._api("CustomObjectsApi").patch_namespaced_custom_object_scale,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+            target=f"LLMService {namespace}/{name} scale",
+        )
+
     async def server_version(self) -> tuple[int, int] | None:
         """(major, minor) of the API server, or None if it does not say."""
         info = await self._json(self._api("VersionApi").get_code, target="version")
