@@ -69,6 +69,12 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# Kinds of other projects' CRDs: (group, version, plural), through CustomObjectsApi.
+CUSTOM_KINDS: dict[str, tuple[str, str, str]] = {
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+}
+
+
 def load_configuration() -> Configuration:
     """Credentials: the pod's service account, else the kubeconfig ($KUBECONFIG)."""
     configuration = Configuration()
@@ -183,12 +189,19 @@ class KubeApi:
         return await self._run(lambda: _read_json(call()), target)
 
     # ---------------------------------------------------------------- children
+    def _custom(self, kind: str, verb: str, namespace: str, name: str) -> Callable[..., Any]:
+        """A CustomObjectsApi call on one object, its addressing arguments bound."""
+        group, version, plural = CUSTOM_KINDS[kind]
+        method = getattr(self._api("CustomObjectsApi"), f"{verb}_namespaced_custom_object")
+        return functools.partial(method, group, version, namespace, plural, name)
+
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object, or None if it does not exist."""
+        """The object, or None if it (or its kind: a CRD not installed) does not exist."""
+        target = f"{kind} {namespace}/{name}"
         try:
-            return await self._json(
-                self._method(kind, "read"), name, namespace, target=f"{kind} {namespace}/{name}"
-            )
+            if kind in CUSTOM_KINDS:
+                return await self._json(self._custom(kind, "get", namespace, name), target=target)
+            return await self._json(self._method(kind, "read"), name, namespace, target=target)
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -216,6 +229,15 @@ class KubeApi:
         changes nothing does not change the object (nor its resourceVersion).
         """
         meta = obj["metadata"]
+        if obj["kind"] in CUSTOM_KINDS:
+            return await self._json(
+                self._custom(obj["kind"], "patch", meta["namespace"], meta["name"]),
+                dict(obj),
+                field_manager=field_manager,
+                force=True,
+                _content_type=APPLY_PATCH,
+                target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
+            )
         return await self._json(
             self._method(obj["kind"], "patch"),
             meta["name"],
@@ -241,14 +263,14 @@ class KubeApi:
             ),
             propagation_policy="Background",
         )
+        target = f"{kind} {namespace}/{name}"
         try:
-            await self._json(
-                self._method(kind, "delete"),
-                name,
-                namespace,
-                body=options,
-                target=f"{kind} {namespace}/{name}",
-            )
+            if kind in CUSTOM_KINDS:
+                call = self._custom(kind, "delete", namespace, name)
+                await self._json(call, body=options, target=target)
+            else:
+                call = self._method(kind, "delete")
+                await self._json(call, name, namespace, body=options, target=target)
         except ApiError as e:
             if e.status == 404:
                 return False

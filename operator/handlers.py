@@ -12,6 +12,7 @@ the status write, the Events, the metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -279,6 +280,11 @@ async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: An
                 break
     finally:
         _set_health(memo, key, None)
+        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        if not deleting and not wants_autoscaler(body.get("spec") or {}):
+            # Switched off or to KEDA: what this loop measured no longer holds.
+            with contextlib.suppress(ApiError):
+                await memo["api"].patch_status(key[0], key[1], {"autoscaling": None})
 
 
 async def cleanup(memo: kopf.Memo) -> None:
