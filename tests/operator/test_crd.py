@@ -79,6 +79,8 @@ def test_subresources_printer_columns_and_names() -> None:
     assert columns["Model"] == ".spec.model"
     assert columns["Ready"] == ".status.readyReplicas"
     assert columns["Desired"] == ".spec.replicas"
+    assert columns["Current"] == ".status.replicas"  # desired and current, as for Deployments
+    assert columns["Queue"] == ".status.autoscaling.queueDepth"  # with -o wide
     assert columns["Endpoint"] == ".status.endpoint"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
