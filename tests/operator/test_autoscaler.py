@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 import pytest
+from pagoda.operator import metrics
 from pagoda.operator.autoscaler import Autoscaler, census, failure_events, health, observation
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.errors import ApiError
@@ -124,7 +125,10 @@ def pages(text_by_pod: dict[str, str]) -> Any:
 async def test_a_queue_is_scaled_through_the_scale_subresource_with_an_event() -> None:
     api = FakeApi(1, [pod("a")])
     scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
+    ups = metrics.SCALE_DECISIONS.labels("up", "Panic")
+    before = ups._value.get()
     result = await scaler.tick(service(), {}, 0.0, NOW)
+    assert ups._value.get() == before + 1  # the operator's metric, by direction
     assert api.scaled == [(4, "7")]  # 4 replicas' worth, with the version read
     assert result.events[0][:2] == ("Normal", "ScaledUp")
     status = api.statuses[-1]["autoscaling"]
@@ -142,12 +146,16 @@ async def test_a_queue_is_scaled_through_the_scale_subresource_with_an_event() -
 async def test_bad_metrics_give_a_warning_and_hold_never_a_crash(text: str) -> None:
     api = FakeApi(2, [pod("a"), pod("bb")])
     scaler = Autoscaler(api, pages({"a": text, "bb": text}))  # type: ignore[arg-type]
+    reason = "Unreachable" if text == "refused" else "Malformed"
+    failures = metrics.SCRAPE_FAILURES.labels(reason)
+    before = failures._value.get()
     for tick in range(20):
         result = await scaler.tick(service(), {}, tick * 5.0, NOW)
         if tick == 0:
             assert [e[0] for e in result.events] == ["Warning", "Warning"]
         assert result.health is not None and result.health.reason == "MetricsUnavailable"
     assert api.scaled == []  # 100 s without data: nothing removed
+    assert failures._value.get() == before + 40  # every failed read is counted
     assert api.statuses[-1]["autoscaling"]["podsUnanswered"] == 2
 
 
