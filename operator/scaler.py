@@ -17,7 +17,10 @@ for LLM serving, where a new replica takes tens of seconds to minutes to load:
 * **Missing data is not zero.** A ready pod whose /metrics did not answer is
   left out of the sum when deciding to scale up (it cannot ask for more), and
   counted as one fully used replica when deciding to scale down (it cannot
-  give one back), as HPA treats pods without metrics. If fewer than half the
+  give one back), as HPA treats pods without metrics. A pod that is not
+  ready yet (loading, or dropped out of readiness for a while) is missing
+  data too: it counts as a full replica for scale-down, so nothing is removed
+  on the strength of pods that could not be measured. If fewer than half the
   ready pods answered, nothing is removed at all.
 * **Stable and panic windows** (KPA). Demand is averaged over the stable
   window (60 s); over the short panic window (6 s), demand of twice the
@@ -239,7 +242,7 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
     up_now = demand(policy, samples) if samples else 0.0
     horizon = max(policy.stable_window, policy.panic_window)
     points = tuple(p for p in state.points if p.time > now - horizon) + (
-        Point(now, up_now, up_now + missing),
+        Point(now, up_now, up_now + missing + obs.starting),
     )
     stable = _window(points, now, policy.stable_window)
     stable_up, stable_down = _mean([p.up for p in stable]), _mean([p.down for p in stable])

@@ -221,6 +221,18 @@ def test_unanswered_pods_cannot_ask_for_more() -> None:
     replay([T(6, X, expect=2)] * 6, replicas=2)
 
 
+def test_pods_not_ready_are_missing_data_not_idle_capacity() -> None:
+    # Two replicas at target; one pod drops out of readiness (a probe timing
+    # out on a starved node) and is neither measured nor ready. Counted as
+    # nothing, demand would halve and a replica would go; counted as a full
+    # replica for scale-down, nothing moves.
+    ticks = [T(4, 4, expect=2)] * 3 + [T(4, starting=1, expect=2)] * 30
+    decisions = replay(ticks, replicas=2)
+    assert "BelowTarget" not in {d.reason for d in decisions}
+    # It still asks for nothing more: no scale-up either.
+    assert {d.replicas for d in decisions} == {2}
+
+
 def test_no_ready_pod_holds() -> None:
     # Every pod restarting: no data, no change (in either direction).
     decisions = replay([T(starting=3, expect=3)] * 10, replicas=3)
