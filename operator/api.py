@@ -69,6 +69,12 @@ KINDS: dict[str, Kind] = {
 }
 
 
+# Kinds of other projects' CRDs: (group, version, plural), through CustomObjectsApi.
+CUSTOM_KINDS: dict[str, tuple[str, str, str]] = {
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+}
+
+
 def load_configuration() -> Configuration:
     """Credentials: the pod's service account, else the kubeconfig ($KUBECONFIG)."""
     configuration = Configuration()
@@ -183,12 +189,19 @@ class KubeApi:
         return await self._run(lambda: _read_json(call()), target)
 
     # ---------------------------------------------------------------- children
+    def _custom(self, kind: str, verb: str, namespace: str, name: str) -> Callable[..., Any]:
+        """A CustomObjectsApi call on one object, its addressing arguments bound."""
+        group, version, plural = CUSTOM_KINDS[kind]
+        method = getattr(self._api("CustomObjectsApi"), f"{verb}_namespaced_custom_object")
+        return functools.partial(method, group, version, namespace, plural, name)
+
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object, or None if it does not exist."""
+        """The object, or None if it (or its kind: a CRD not installed) does not exist."""
+        target = f"{kind} {namespace}/{name}"
         try:
-            return await self._json(
-                self._method(kind, "read"), name, namespace, target=f"{kind} {namespace}/{name}"
-            )
+            if kind in CUSTOM_KINDS:
+                return await self._json(self._custom(kind, "get", namespace, name), target=target)
+            return await self._json(self._method(kind, "read"), name, namespace, target=target)
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -216,6 +229,15 @@ class KubeApi:
         changes nothing does not change the object (nor its resourceVersion).
         """
         meta = obj["metadata"]
+        if obj["kind"] in CUSTOM_KINDS:
+            return await self._json(
+                self._custom(obj["kind"], "patch", meta["namespace"], meta["name"]),
+                dict(obj),
+                field_manager=field_manager,
+                force=True,
+                _content_type=APPLY_PATCH,
+                target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
+            )
         return await self._json(
             self._method(obj["kind"], "patch"),
             meta["name"],
@@ -241,14 +263,14 @@ class KubeApi:
             ),
             propagation_policy="Background",
         )
+        target = f"{kind} {namespace}/{name}"
         try:
-            await self._json(
-                self._method(kind, "delete"),
-                name,
-                namespace,
-                body=options,
-                target=f"{kind} {namespace}/{name}",
-            )
+            if kind in CUSTOM_KINDS:
+                call = self._custom(kind, "delete", namespace, name)
+                await self._json(call, body=options, target=target)
+            else:
+                call = self._method(kind, "delete")
+                await self._json(call, name, namespace, body=options, target=target)
         except ApiError as e:
             if e.status == 404:
                 return False
@@ -268,6 +290,42 @@ class KubeApi:
             {"status": dict(changes)},
             _content_type=MERGE_PATCH,
             target=f"LLMService {namespace}/{name} status",
+        )
+
+    async def get_scale(self, namespace: str, name: str) -> dict[str, Any]:
+        """The LLMService's scale subresource (spec.replicas, metadata.resourceVersion)."""
+        return await self._json(
+            self._api("CustomObjectsApi").get_namespaced_custom_object_scale,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            target=f"LLMService {namespace}/{name} scale",
+        )
+
+    async def patch_scale(
+        self, namespace: str, name: str, replicas: int, resource_version: str | None
+    ) -> None:
+        """Set the LLMService's replicas through its scale subresource, as HPA does.
+
+        With `resource_version` the write is refused (409) if the object
+        changed since it was read, so a concurrent `kubectl scale` is never
+        overwritten by a decision made on the count before it.
+        """
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        await self._json(
+            self._api("CustomObjectsApi").patch_namespaced_custom_object_scale,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+            target=f"LLMService {namespace}/{name} scale",
         )
 
     async def server_version(self) -> tuple[int, int] | None:

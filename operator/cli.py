@@ -16,8 +16,9 @@ import asyncio
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import kopf
 from pagoda.operator import metrics
@@ -91,13 +92,18 @@ async def serve(
     config: OperatorConfig | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
+    memo: Mapping[str, Any] | None = None,
 ) -> None:
-    """Run the operator until stop_flag is set (or forever)."""
+    """Run the operator until stop_flag is set (or forever).
+
+    `memo` seeds kopf's memo; the e2e harness puts its own network there
+    (`scrape`: how pods' /metrics are read) to play faults a cluster has.
+    """
     import pagoda.operator.main  # noqa: F401  (registers the handlers)
 
     if options.metrics_port is not None:
         metrics.serve(options.metrics_port)
-    memo = kopf.Memo(config=config or OperatorConfig.from_env())
+    memo = kopf.Memo(config=config or OperatorConfig.from_env(), **(memo or {}))
     await kopf.operator(
         clusterwide=options.clusterwide,
         namespaces=options.namespaces,

@@ -208,6 +208,15 @@ def build() -> dict[str, Any]:
                         {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
                         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
                         {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+                        # What the Deployment runs now; Desired is what the
+                        # autoscaler (or kubectl scale) last asked for.
+                        {"name": "Current", "type": "integer", "jsonPath": ".status.replicas"},
+                        {
+                            "name": "Queue",
+                            "type": "number",
+                            "priority": 1,
+                            "jsonPath": ".status.autoscaling.queueDepth",
+                        },
                         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
                         {
                             "name": "Status",

@@ -12,6 +12,7 @@ the status write, the Events, the metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -26,9 +27,13 @@ from pagoda.operator import metrics
 from pagoda.operator import reconcile as rc
 from pagoda.operator import status as st
 from pagoda.operator.api import KubeApi
+from pagoda.operator.autoscaler import Autoscaler, Health
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.errors import ApiError, Backoff
-from pagoda.operator.triggers import Triggers, owner_key
+from pagoda.operator.llmservice import InvalidSpec, builtin_autoscaling, parse
+from pagoda.operator.render.labels import selector_labels
+from pagoda.operator.scrape import HttpFetch
+from pagoda.operator.triggers import Key, Triggers, owner_key
 
 FINALIZER = "pagoda.dev/finalizer"
 PREFIX = "pagoda.dev"
@@ -56,6 +61,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
         memo["config"] = OperatorConfig.from_env()
     memo.setdefault("triggers", Triggers())
     memo.setdefault("api", KubeApi.from_environment())
+    # How the autoscaler reads pods' /metrics (tests may bring a network of their own).
+    memo.setdefault("scrape", HttpFetch())
+    # Each autoscaler's health, for its sync loop's ScalingActive condition.
+    memo.setdefault("scaling", {})
 
 
 async def detect_cluster(memo: kopf.Memo, logger: Any) -> None:
@@ -166,8 +175,11 @@ async def reconcile_once(
     meta = body.get("metadata") or {}
     started = time.monotonic()
     now = datetime.datetime.now(datetime.timezone.utc)
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    health: Health | None = memo.get("scaling", {}).get(key)
+    scaling = (health.active, health.reason, health.message) if health else None
     try:
-        outcome = await rc.reconcile(body, api, config, memory.status, now)
+        outcome = await rc.reconcile(body, api, config, memory.status, now, scaling)
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
         raise
@@ -201,8 +213,85 @@ async def reconcile_once(
     metrics.RECONCILES.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
 
 
+def wants_autoscaler(spec: Mapping[str, Any]) -> bool:
+    """Whether a raw spec asks for the built-in autoscaler (kopf's filter of its daemon).
+
+    Read from the raw spec, before validation: an invalid spec still gets its
+    loop, which holds until the sync loop's InvalidSpec condition is fixed.
+    """
+    auto = spec.get("autoscaling")
+    if not isinstance(auto, Mapping):
+        return False
+    return auto.get("enabled", True) is not False and auto.get("mode", "builtin") == "builtin"
+
+
+def _set_health(memo: kopf.Memo, key: Key, health: Health | None) -> None:
+    """Record the autoscaler's health; wake the sync loop when the condition must change."""
+    registry: dict[Key, Health] = memo["scaling"]
+    before = registry.get(key)
+    if health is None:
+        registry.pop(key, None)
+    else:
+        registry[key] = health
+    if (before and (before.active, before.reason)) != (health and (health.active, health.reason)):
+        memo["triggers"].poke(key)
+
+
+async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
+    """The built-in autoscaler of one LLMService: a tick every metricsIntervalSeconds.
+
+    Nothing a pod or a spec says may end this loop: an invalid spec holds
+    (the sync loop reports it), a tick that fails is logged and the next one
+    runs on time.
+    """
+    config: OperatorConfig = memo["config"]
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    written = (body.get("status") or {}).get("autoscaling") or {}
+    scaler = Autoscaler(memo["api"], memo["scrape"], written=copy.deepcopy(dict(written)))
+    interval = 5.0
+    try:
+        while not stopped:
+            started = time.monotonic()
+            try:
+                llms = parse(body, config)
+            except InvalidSpec:
+                llms = None  # the sync loop's condition says why; hold
+            if llms is not None and builtin_autoscaling(llms):
+                assert llms.spec.autoscaling is not None
+                interval = float(llms.spec.autoscaling.metrics_interval_seconds)
+                try:
+                    result = await scaler.tick(
+                        llms,
+                        selector_labels(llms),
+                        time.monotonic(),
+                        datetime.datetime.now(datetime.timezone.utc),
+                    )
+                except ApiError as e:
+                    logger.warning(f"autoscaler tick failed, next in {interval:.0f}s: {e}")
+                except Exception as e:  # a bug must not stop scaling for good
+                    logger.exception(f"autoscaler tick crashed: {e}")
+                else:
+                    for kind, reason, message in result.events:
+                        kopf.event(body, type=kind, reason=reason, message=message)
+                    _set_health(memo, key, result.health)
+            elapsed = time.monotonic() - started
+            if await _woken(None, stopped, max(0.0, interval - elapsed)) == "stop":
+                break
+    finally:
+        _set_health(memo, key, None)
+        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        if not deleting and not wants_autoscaler(body.get("spec") or {}):
+            # Switched off or to KEDA: what this loop measured no longer holds.
+            with contextlib.suppress(ApiError):
+                await memo["api"].patch_status(key[0], key[1], {"autoscaling": None})
+
+
 async def cleanup(memo: kopf.Memo) -> None:
-    """Close our connection pool on shutdown."""
+    """Close our connection pools on shutdown."""
     api = memo.get("api")
     if api is not None:
         api.close()
+    close = getattr(memo.get("scrape"), "close", None)
+    if close is not None:
+        await close()

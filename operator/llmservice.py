@@ -164,3 +164,9 @@ def rollout_strategy(llms: LLMService) -> tuple[int | str, int | str]:
         else:
             unavailable = 1
     return surge, unavailable
+
+
+def builtin_autoscaling(llms: LLMService) -> bool:
+    """Whether the operator's own autoscaler scales this LLMService (not KEDA, not off)."""
+    auto = llms.spec.autoscaling
+    return auto is not None and auto.enabled and auto.mode == "builtin"

@@ -3,7 +3,9 @@
 Each LLMService gets one sync loop (a daemon) that reconciles on start, when
 the LLMService's spec changes, when one of its children changes (the owned
 kinds are watched and each event is mapped to its owner) and, as a safety
-net, every `resync_seconds` of the operator's configuration.
+net, every `resync_seconds` of the operator's configuration. One with
+`spec.autoscaling` (built-in mode) gets a second daemon, its autoscaler,
+which kopf starts and stops as the spec asks for it or not.
 Run with `pagoda-operator` (see cli.py) or `kopf run -m pagoda.operator.main`.
 """
 
@@ -53,6 +55,16 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.daemon(*LLMS, id="sync", cancellation_timeout=10.0)
 async def sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
     await handlers.keep_in_sync(body, memo, stopped, logger)
+
+
+@kopf.daemon(
+    *LLMS,
+    id="autoscale",
+    cancellation_timeout=10.0,
+    when=lambda spec, **_: handlers.wants_autoscaler(spec),
+)
+async def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
+    await handlers.keep_scaled(body, memo, stopped, logger)
 
 
 @kopf.on.event(*LLMS, id="spec-changed")

@@ -28,6 +28,21 @@ CHILD_WRITES = Counter(
     registry=REGISTRY,
 )
 
+SCALE_DECISIONS = Counter(
+    "pagoda_operator_scale_decisions",
+    "Autoscaler ticks, by what was done (up, down, none) and the scaler's reason "
+    "(Panic, AboveTarget, BelowTarget, WithinTolerance, CapacityComing...).",
+    ["direction", "reason"],
+    registry=REGISTRY,
+)
+SCRAPE_FAILURES = Counter(
+    "pagoda_operator_scrape_failures",
+    "Reads of a ready runtime pod's /metrics that failed, by reason (Timeout, "
+    "Unreachable, HTTPError, Malformed). Such a pod is skipped, not counted as idle.",
+    ["reason"],
+    registry=REGISTRY,
+)
+
 
 def serve(port: int, addr: str = "0.0.0.0") -> int:
     """Expose /metrics on a background thread; returns the bound port (0 picks one)."""

@@ -406,6 +406,182 @@ class DrainSpec(Model):
     )
 
 
+REPLICAS_IN_RANGE_MESSAGE = (
+    "with autoscaling enabled the autoscaler owns replicas (spec.replicas is only the "
+    "initial count): it must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]"
+)
+
+
+class ScaleUpSpec(Model):
+    """How fast the autoscaler adds replicas (HPA's scale-up behavior, in two numbers)."""
+
+    stabilization_seconds: int = Field(
+        0,
+        ge=0,
+        le=3600,
+        description="Scale up only to the lowest recommendation of this many seconds "
+        "(0: at once). Panic scale-ups wait too.",
+    )
+    max_step_percent: int = Field(
+        100,
+        ge=1,
+        le=10000,
+        description="One decision adds at most this percentage of the current replicas, "
+        "or maxStepPods, whichever is more.",
+    )
+    max_step_pods: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="One decision adds at most this many pods (see maxStepPercent).",
+    )
+
+
+class ScaleDownSpec(Model):
+    """How cautiously the autoscaler removes replicas."""
+
+    stabilization_seconds: int = Field(
+        300,
+        ge=0,
+        le=3600,
+        description="Scale down only to the highest recommendation of this many seconds: "
+        "a dip in load shorter than this removes nothing.",
+    )
+    max_step_pods: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="One decision removes at most this many pods (unset: no limit).",
+    )
+
+
+class KedaSpec(Model):
+    """Where KEDA reads the runtime's metrics (mode: keda)."""
+
+    server_address: str = Field(
+        ...,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^https?://.+",
+        description="The Prometheus server that scrapes the runtime pods, e.g. "
+        "`http://prometheus-operated.monitoring.svc:9090`.",
+    )
+    polling_interval_seconds: int = Field(
+        30, ge=1, le=3600, description="How often KEDA queries Prometheus (pollingInterval)."
+    )
+    cooldown_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="Idle time before KEDA scales to zero when minReplicas is 0 (cooldownPeriod).",
+    )
+
+
+class AutoscalingSpec(Model):
+    """Scale the replicas on queue depth, from the runtime pods' own /metrics."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                ),
+                cel(
+                    "self.panicWindowSeconds <= self.stableWindowSeconds",
+                    "the panic window is the short one: panicWindowSeconds must not exceed "
+                    "stableWindowSeconds",
+                    ".panicWindowSeconds",
+                ),
+                cel(
+                    "self.mode != 'keda' || has(self.keda)",
+                    "mode keda reads the metrics from Prometheus: set keda.serverAddress",
+                    ".keda",
+                ),
+            ]
+        }
+    )
+
+    enabled: bool = Field(
+        True,
+        description="Off: replicas stay as written (the settings below are kept for later).",
+    )
+    mode: Literal["builtin", "keda"] = Field(
+        "builtin",
+        description="`builtin`: the operator scrapes the pods and scales (no Prometheus "
+        "needed). `keda`: the operator renders a KEDA ScaledObject on the same metric "
+        "instead, for clusters that run KEDA and Prometheus.",
+    )
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="Fewest replicas. 0 scales to zero when idle: requests then fail until "
+        "a pod is up (nothing holds them), and only a write to the scale subresource "
+        "brings the first pod back.",
+    )
+    max_replicas: int = Field(..., ge=1, le=1024, description="Most replicas.")
+    target_queue_depth: float = Field(
+        4,
+        gt=0,
+        le=100000,
+        description="Requests waiting per replica (vllm:num_requests_waiting + "
+        "pagoda:num_requests_pending): the primary signal.",
+    )
+    target_kv_cache_usage: float | None = Field(
+        None,
+        validation_alias="targetKVCacheUsage",
+        serialization_alias="targetKVCacheUsage",
+        gt=0,
+        le=1,
+        description="KV-cache usage per replica (0-1), a secondary signal; the replica "
+        "count is the largest any signal asks for.",
+    )
+    target_running_requests: float | None = Field(
+        None,
+        gt=0,
+        le=100000,
+        description="Requests in the batch per replica, a secondary signal (keeps "
+        "headroom: set it below engine.maxNumSeqs).",
+    )
+    metrics_interval_seconds: int = Field(
+        5, ge=1, le=300, description="How often each ready pod's /metrics is read."
+    )
+    stable_window_seconds: int = Field(
+        60,
+        ge=1,
+        le=3600,
+        description="Demand is averaged over this window (Knative's stable window).",
+    )
+    panic_window_seconds: int = Field(
+        6,
+        ge=1,
+        le=3600,
+        description="The short window: when its demand needs twice the current replicas, "
+        "scale up at once and scale down nothing for a stable window (panic mode).",
+    )
+    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
+    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
+    keda: KedaSpec | None = Field(None, description="Settings of mode keda.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise RuleError(".minReplicas", "minReplicas must not exceed maxReplicas")
+        if self.panic_window_seconds > self.stable_window_seconds:
+            raise RuleError(
+                ".panicWindowSeconds",
+                "the panic window is the short one: panicWindowSeconds must not exceed "
+                "stableWindowSeconds",
+            )
+        if self.mode == "keda" and self.keda is None:
+            raise RuleError(
+                ".keda", "mode keda reads the metrics from Prometheus: set keda.serverAddress"
+            )
+        return self
+
+
 class LLMServiceSpec(Model):
     """What the user asks for: one OpenAI-compatible endpoint backed by N runtime pods."""
 
@@ -420,6 +596,13 @@ class LLMServiceSpec(Model):
                     " && self.resources.gpus > self.tensorParallelSize)",
                     GPUS_MESSAGE,
                     ".resources.gpus",
+                ),
+                cel(
+                    "!has(self.autoscaling) || !self.autoscaling.enabled"
+                    " || (self.replicas >= self.autoscaling.minReplicas"
+                    " && self.replicas <= self.autoscaling.maxReplicas)",
+                    REPLICAS_IN_RANGE_MESSAGE,
+                    ".replicas",
                 ),
                 cel(
                     "!self.model.startsWith('hf://') || has(self.modelCache)",
@@ -459,7 +642,13 @@ class LLMServiceSpec(Model):
     service_account_name: str | None = Field(
         None, max_length=253, pattern=DNS_SUBDOMAIN, description="The pods' ServiceAccount."
     )
-    replicas: int = Field(1, ge=0, le=1024, description="Runtime pods. `kubectl scale` sets it.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="Runtime pods. `kubectl scale` sets it; with autoscaling, the initial "
+        "count only (the autoscaler writes it through the scale subresource).",
+    )
     min_available: int = Field(
         1,
         ge=1,
@@ -494,6 +683,9 @@ class LLMServiceSpec(Model):
         description="How long a pod may take to load its model before it is restarted "
         "(the startup probe's budget). Large models from network storage need minutes.",
     )
+    autoscaling: AutoscalingSpec | None = Field(
+        None, description="Scale replicas on queue depth (unset: replicas stay as written)."
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> LLMServiceSpec:
@@ -503,6 +695,13 @@ class LLMServiceSpec(Model):
                 self.tensor_parallel_size,
                 bool(self.resources.allow_unused_gpus),
             )
+        auto = self.autoscaling
+        if (
+            auto is not None
+            and auto.enabled
+            and not auto.min_replicas <= self.replicas <= auto.max_replicas
+        ):
+            raise RuleError(".replicas", REPLICAS_IN_RANGE_MESSAGE)
         if self.model.startswith("hf://") and self.model_cache is None:
             raise RuleError(
                 ".modelCache",
@@ -536,6 +735,36 @@ class Condition(Model):
     observed_generation: int | None = None
 
 
+class ScaleDecision(Model):
+    """The autoscaler's last change of the replica count."""
+
+    reason: str = Field(..., description="Why, in one word: Panic, AboveTarget, BelowTarget...")
+    message: str = ""
+    from_: int = Field(..., validation_alias="from", serialization_alias="from")
+    to: int
+    time: str
+
+
+class AutoscalingStatus(Model):
+    """What the autoscaler last measured and decided (status.autoscaling)."""
+
+    mode: str | None = Field(None, description="builtin or keda.")
+    queue_depth: float | None = Field(
+        None, description="Requests waiting, summed over the pods that answered."
+    )
+    running_requests: float | None = Field(None, description="Requests in the batch, summed.")
+    kv_cache_usage: float | None = Field(
+        None, description="Mean KV-cache usage (0-1) of the pods that answered."
+    )
+    pods_measured: int | None = Field(None, description="Ready pods whose /metrics answered.")
+    pods_unanswered: int | None = Field(None, description="Ready pods whose /metrics did not.")
+    pods_starting: int | None = Field(None, description="Pods not ready yet: capacity coming.")
+    desired_replicas: int | None = Field(None, description="The replica count decided last.")
+    panic: bool | None = Field(None, description="Whether the scaler is in panic mode.")
+    last_scale_time: str | None = None
+    last_decision: ScaleDecision | None = None
+
+
 class LLMServiceStatus(Model):
     """What the operator observed; written only by the operator."""
 
@@ -548,6 +777,7 @@ class LLMServiceStatus(Model):
     )
     endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI API.")
     conditions: list[Condition] = Field(default_factory=list)
+    autoscaling: AutoscalingStatus | None = None
 
 
 def unknown_fields(model: type[BaseModel], data: Any, path: str = "spec") -> list[str]:

@@ -23,7 +23,13 @@ from pagoda.operator.api import KubeApi
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.drift import Action, classify, stamp
 from pagoda.operator.errors import ApiError, condition_reason
-from pagoda.operator.llmservice import InvalidSpec, LLMService, MissingReference, parse
+from pagoda.operator.llmservice import (
+    InvalidSpec,
+    LLMService,
+    MissingReference,
+    builtin_autoscaling,
+    parse,
+)
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
@@ -115,6 +121,7 @@ async def reconcile(
     config: OperatorConfig,
     previous: Mapping[str, Any],
     now: datetime.datetime,
+    scaling: tuple[bool, str, str] | None = None,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
@@ -190,5 +197,6 @@ async def reconcile(
         previous=previous,
         now=now,
         unschedulable_grace=config.unschedulable_grace_seconds,
+        scaling=scaling if builtin_autoscaling(llms) else None,
     )
     return Outcome(status, writes, ignored_fields=llms.ignored_fields)

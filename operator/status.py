@@ -220,8 +220,13 @@ def compute(
     previous: Mapping[str, Any],
     now: datetime.datetime,
     unschedulable_grace: float = 300.0,
+    scaling: tuple[bool, str, str] | None = None,
 ) -> dict[str, Any]:
-    """The full status from the applied children, the pods and the endpoints."""
+    """The full status from the applied children, the pods and the endpoints.
+
+    `scaling` is the built-in autoscaler's health (active, reason, message),
+    None when it does not run: it becomes the `ScalingActive` condition.
+    """
     gen = llms.generation
     old = previous.get("conditions") or []
     dep = observed.deployment or {}
@@ -271,8 +276,21 @@ def compute(
         "updatedReplicas": dep_status.get("updatedReplicas") or 0,
         "selector": selector,
         "endpoint": endpoint,
-        "conditions": [ready, prog, degraded],
+        "conditions": [ready, prog, degraded, *scaling_condition(scaling, now, old, gen)],
     }
+
+
+def scaling_condition(
+    scaling: tuple[bool, str, str] | None,
+    now: datetime.datetime,
+    previous: Iterable[Mapping[str, Any]],
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`ScalingActive` (as HPA names it): whether the autoscaler has metrics to act on."""
+    if scaling is None:
+        return []
+    active, reason, message = scaling
+    return [condition("ScalingActive", active, reason, message, now, previous, generation)]
 
 
 def invalid(
@@ -314,6 +332,8 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[tup
         elif cond["type"] == "Ready":
             # Losing readiness is news; not having it yet (pods loading) is not.
             bad = cond["status"] == "False" and before.get("status") == "True"
+        elif cond["type"] == "ScalingActive":
+            bad = cond["status"] == "False"
         else:
             bad = cond["reason"] == "ProgressDeadlineExceeded"
         kind = "Warning" if bad else "Normal"

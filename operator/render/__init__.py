@@ -14,6 +14,13 @@ from pagoda.operator.render.configmap import render_configmap
 from pagoda.operator.render.deployment import render_deployment
 from pagoda.operator.render.labels import pdb_name
 from pagoda.operator.render.pdb import render_pdb, wants_pdb
+from pagoda.operator.render.scaledobject import (
+    API_VERSION,
+    KEDA_KIND,
+    render_scaled_object,
+    scaled_object_name,
+    wants_scaled_object,
+)
 from pagoda.operator.render.service import render_service
 
 
@@ -43,4 +50,10 @@ def render_children(llms: LLMService, config: OperatorConfig) -> Children:
         present.append(render_pdb(llms))
     else:
         absent.append(ObjectRef("policy/v1", "PodDisruptionBudget", llms.namespace, pdb_name(llms)))
+    # Checked for removal even without autoscaling in the spec: a ScaledObject
+    # left behind would go on scaling (a 404 where KEDA is not installed).
+    if wants_scaled_object(llms):
+        present.append(render_scaled_object(llms))
+    else:
+        absent.append(ObjectRef(API_VERSION, KEDA_KIND, llms.namespace, scaled_object_name(llms)))
     return Children(present=tuple(present), absent=tuple(absent))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import pytest
 from kubesim.apiserver import APPLY, ApiServer
 from kubesim.operator import OperatorThread, write_kubeconfig
@@ -37,10 +38,12 @@ from kubesim.testing import (
 )
 from pagoda.operator.cli import Options
 from pagoda.operator.config import OperatorConfig
+from pagoda.operator.render.labels import OWNER_LABEL
 
 from .test_pagoda import by_kind, template
 
 PEERING = "pagoda-operator"
+SCALEDOBJECTS = "keda.sh/v1alpha1/scaledobjects"
 
 
 @dataclass(frozen=True, order=True)
@@ -160,6 +163,48 @@ async def _scenario(server: ApiServer) -> None:
         await delete(server, LLMS, "chat")
         await eventually(lambda: not exists(server, LLMS, "chat"))
         assert exists(server, DEPLOYMENTS, "chat")  # left to the garbage collector
+        await _autoscaling(server)
+
+
+async def _autoscaling(server: ApiServer) -> None:
+    """The built-in autoscaler scales a busy pod's LLMService; KEDA mode comes and goes."""
+    app = aiohttp.web.Application()
+
+    async def busy(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.Response(text="vllm:num_requests_waiting 40\n")
+
+    app.router.add_get("/metrics", busy)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        auto = {"maxReplicas": 4, "metricsIntervalSeconds": 1}
+        await create(server, llmservice("auto", autoscaling=auto))
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "auto-1",
+                "namespace": NS,
+                "labels": {"app.kubernetes.io/name": "pagoda-runtime", OWNER_LABEL: "auto"},
+                "annotations": {"prometheus.io/port": str(port)},
+            },
+            "status": {
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+        await create(server, pod)
+        await eventually(lambda: obj(server, LLMS, "auto")["spec"]["replicas"] > 1, timeout=20)
+        keda = {"mode": "keda", "keda": {"serverAddress": "http://prometheus:9090"}}
+        await patch(server, path_of(LLMS, NS, "auto"), {"spec": {"autoscaling": keda}})
+        await eventually(lambda: exists(server, SCALEDOBJECTS, "auto"))
+        await patch(server, path_of(LLMS, NS, "auto"), {"spec": {"autoscaling": None}})
+        await eventually(lambda: not exists(server, SCALEDOBJECTS, "auto"))
+    finally:
+        await runner.cleanup()
 
 
 def granted(roles: list[dict[str, Any]]) -> set[Grant]:
@@ -180,6 +225,9 @@ def test_the_scenario_exercised_every_kind_of_call(calls: set[Grant]) -> None:
         ("create", "deployments"),
         ("patch", "llmservices/status"),
         ("delete", "poddisruptionbudgets"),
+        ("patch", "llmservices/scale"),
+        ("create", "scaledobjects"),
+        ("delete", "scaledobjects"),
     } <= verbs
     assert {
         ("watch", "pods"),

@@ -79,12 +79,14 @@ def test_subresources_printer_columns_and_names() -> None:
     assert columns["Model"] == ".spec.model"
     assert columns["Ready"] == ".status.readyReplicas"
     assert columns["Desired"] == ".spec.replicas"
+    assert columns["Current"] == ".status.replicas"  # desired and current, as for Deployments
+    assert columns["Queue"] == ".status.autoscaling.queueDepth"  # with -o wide
     assert columns["Endpoint"] == ".status.endpoint"
     assert columns["Age"] == ".metadata.creationTimestamp"
 
 
 def test_status_has_only_fields_the_operator_writes() -> None:
-    # The LoRA and autoscaling features add theirs together with the code that writes them.
+    # The LoRA feature adds its fields together with the code that writes them.
     status = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     props = status["status"]["properties"]
     written = {
@@ -95,6 +97,7 @@ def test_status_has_only_fields_the_operator_writes() -> None:
         "selector",
         "endpoint",
         "conditions",
+        "autoscaling",
     }
     assert set(props) == written
     conditions = props["conditions"]

@@ -95,6 +95,50 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "apiKeySecretRef": {"name": "keys"}}, None),
     ({**BASE, "apiKeySecretRef": {"name": "Not_A_Name"}}, "spec.apiKeySecretRef.name"),
     ({**BASE, "scheduling": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}, None),
+    # Autoscaling: bounds in order, positive targets, and replicas inside the bounds.
+    ({**BASE, "autoscaling": {"maxReplicas": 4}}, None),
+    ({**BASE, "autoscaling": {"minReplicas": 0, "maxReplicas": 4}}, None),
+    ({**BASE, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling.minReplicas"),
+    ({**BASE, "autoscaling": {"maxReplicas": 0}}, "spec.autoscaling.maxReplicas"),
+    ({**BASE, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "spec.replicas"),
+    ({**BASE, "replicas": 5, "autoscaling": {"maxReplicas": 4}}, "spec.replicas"),
+    ({**BASE, "replicas": 5, "autoscaling": {"maxReplicas": 4, "enabled": False}}, None),
+    ({**BASE, "replicas": 2, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, None),
+    (
+        {**BASE, "autoscaling": {"maxReplicas": 4, "targetQueueDepth": 0}},
+        "spec.autoscaling.targetQueueDepth",
+    ),
+    ({**BASE, "autoscaling": {"maxReplicas": 4, "targetQueueDepth": 0.5}}, None),
+    ({**BASE, "autoscaling": {"maxReplicas": 4, "targetKVCacheUsage": 0.8}}, None),
+    (
+        {**BASE, "autoscaling": {"maxReplicas": 4, "targetKVCacheUsage": 1.5}},
+        "spec.autoscaling.targetKVCacheUsage",
+    ),
+    (
+        {**BASE, "autoscaling": {"maxReplicas": 4, "targetRunningRequests": -1}},
+        "spec.autoscaling.targetRunningRequests",
+    ),
+    (
+        {**BASE, "autoscaling": {"maxReplicas": 4, "panicWindowSeconds": 90}},
+        "spec.autoscaling.panicWindowSeconds",
+    ),
+    ({**BASE, "autoscaling": {"maxReplicas": 4, "mode": "keda"}}, "spec.autoscaling.keda"),
+    (
+        {
+            **BASE,
+            "autoscaling": {
+                "maxReplicas": 4,
+                "mode": "keda",
+                "keda": {"serverAddress": "http://prometheus.monitoring:9090"},
+            },
+        },
+        None,
+    ),
+    ({**BASE, "autoscaling": {"maxReplicas": 4, "mode": "hpa"}}, "spec.autoscaling.mode"),
+    (
+        {**BASE, "autoscaling": {"maxReplicas": 4, "scaleDown": {"stabilizationSeconds": -5}}},
+        "spec.autoscaling.scaleDown.stabilizationSeconds",
+    ),
 ]
 
 

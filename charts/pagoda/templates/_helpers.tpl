@@ -54,6 +54,11 @@ tests/charts/test_rbac.py derives them from the requests the operator makes.
 - apiGroups: ["pagoda.dev"]
   resources: ["llmservices/status"]
   verbs: ["patch"]
+# The built-in autoscaler reads and writes the LLMServices' replicas through
+# their scale subresource, as an HPA does (never the Deployment).
+- apiGroups: ["pagoda.dev"]
+  resources: ["llmservices/scale"]
+  verbs: ["get", "patch"]
 # Children carry ownerReferences with blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin allows only to those
 # who may update the owner's finalizers.
@@ -73,6 +78,11 @@ tests/charts/test_rbac.py derives them from the requests the operator makes.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# autoscaling.mode keda: the ScaledObject is applied, and deleted when the
+# mode changes (checked on every pass; a 404 where KEDA is not installed).
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["get", "create", "patch", "delete"]
 # Status: the runtime pods (Degraded, Progressing) and the Service's
 # EndpointSlices (Ready: serving endpoints).
 - apiGroups: [""]

@@ -7,6 +7,7 @@
         await cluster.scale("smollm2", 2)
         pod = cluster.pods("smollm2")[0]   # pod.url, pod.ip, pod.pid, pod.restarts
         cluster.kill(pod)
+        cluster.kill_metrics(pod)          # the operator cannot read its /metrics
 
 Everything runs in the test's event loop except the operator, which has its
 own thread (see `operator.OperatorThread`). The control loops tick every
@@ -30,6 +31,7 @@ from typing import Any
 
 from kubesim.apiserver import MERGE, ApiServer
 from kubesim.controllers import DeploymentController, EndpointSliceController, GarbageCollector
+from kubesim.faults import MetricsNetwork
 from kubesim.kubelet import Kubelet, PodProcess
 from kubesim.network import AddressPool
 from kubesim.operator import OperatorThread, write_kubeconfig
@@ -64,6 +66,8 @@ class Cluster:
             EndpointSliceController(api),
             GarbageCollector(api),
         ]
+        # How the operator reads pods' /metrics, with faults on demand.
+        self.metrics_network = MetricsNetwork()
         self._loop: asyncio.Task[None] | None = None
         self._operator: OperatorThread | None = None
         self._kubeconfig_before: str | None = None
@@ -76,7 +80,9 @@ class Cluster:
         os.environ["KUBECONFIG"] = str(kubeconfig)
         self._loop = asyncio.create_task(self._control_loop(), name="kubesim control loop")
         if self.operator_config is not None:
-            self._operator = OperatorThread(self.operator_config)
+            self._operator = OperatorThread(
+                self.operator_config, memo={"scrape": self.metrics_network}
+            )
             await self._operator.__aenter__()
         return self
 
@@ -126,6 +132,18 @@ class Cluster:
         ) as response:
             assert response.status < 300, await response.text()
 
+    async def patch(
+        self, kind: str, name: str, body: dict[str, Any], namespace: str = NS
+    ) -> dict[str, Any]:
+        """`kubectl patch KIND NAME --type merge -p BODY`."""
+        path = path_of(RESOURCE_OF[kind], namespace, name)
+        params = {"fieldManager": "kubectl-patch"}
+        async with self.api.patch(
+            path, json=body, headers={"Content-Type": MERGE}, params=params
+        ) as response:
+            assert response.status < 300, await response.text()
+            return await response.json()
+
     async def delete(self, kind: str, name: str, namespace: str = NS) -> None:
         """`kubectl delete KIND NAME` (returns when the API server accepted it)."""
         async with self.api.delete(path_of(RESOURCE_OF[kind], namespace, name)) as response:
@@ -134,6 +152,10 @@ class Cluster:
     def kill(self, pod: PodProcess | str, sig: int = signal.SIGKILL) -> int:
         """Kill a pod's container process (it is restarted); returns the pid killed."""
         return self.kubelet.kill(pod, sig)
+
+    def kill_metrics(self, pod: PodProcess) -> None:
+        """The operator can no longer read this pod's /metrics; the pod stays Ready."""
+        self.metrics_network.kill_metrics(pod.ip)
 
     # ------------------------------------------------------------ reading
     def get(self, kind: str, name: str, namespace: str = NS) -> dict[str, Any] | None:

@@ -38,16 +38,26 @@ class OperatorThread:
     operator finds the API through $KUBECONFIG, as in a real deployment.
     """
 
-    def __init__(self, config: OperatorConfig, options: Options = STANDALONE) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        options: Options = STANDALONE,
+        memo: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config
         self.options = options
+        self.memo = memo
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
     async def __aenter__(self) -> OperatorThread:
         coroutine = serve(
-            self.options, config=self.config, stop_flag=self._stop, ready_flag=self._ready
+            self.options,
+            config=self.config,
+            stop_flag=self._stop,
+            ready_flag=self._ready,
+            memo=self.memo,
         )
         self._thread = threading.Thread(target=asyncio.run, args=(coroutine,), name="operator")
         self._thread.start()

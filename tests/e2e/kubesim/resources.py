@@ -43,6 +43,15 @@ PAGODA: dict[str, dict[str, Any]] = {
     },
 }
 
+# KEDA's ScaledObject (autoscaling.mode keda): the operator applies and deletes it.
+KEDA: dict[str, dict[str, Any]] = {
+    "keda.sh/v1alpha1/scaledobjects": {
+        "kind": "ScaledObject",
+        "namespaced": True,
+        "subresources": {"status"},
+    },
+}
+
 KOPF_PEERING: dict[str, dict[str, Any]] = {
     "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
     "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
@@ -57,6 +66,6 @@ def declare(server: kmock.KubernetesEmulator, *groups: dict[str, dict[str, Any]]
 
     Discovery must list the verbs: kopf watches only what says `watch`.
     """
-    for group in groups or (BUILT_IN, PAGODA, KOPF_PEERING):
+    for group in groups or (BUILT_IN, PAGODA, KEDA, KOPF_PEERING):
         for key, info in group.items():
             server.resources[key] = {"verbs": ALL_VERBS, **info}

@@ -30,6 +30,7 @@ RESOURCE_OF = {
     "Secret": "v1/secrets",
     "PersistentVolumeClaim": "v1/persistentvolumeclaims",
     "EndpointSlice": ENDPOINTSLICES,
+    "ScaledObject": "keda.sh/v1alpha1/scaledobjects",
 }
 
 

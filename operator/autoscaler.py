@@ -1,0 +1,276 @@
+"""The built-in autoscaler of one LLMService: measure, decide, act, tell.
+
+Every `metricsIntervalSeconds` a tick:
+
+1. reads the scale subresource (the replica count now, and its version);
+2. lists the runtime pods and sorts them (`census`): ready ones are read,
+   starting ones are capacity that is coming, failing ones are neither;
+3. reads each ready pod's /metrics (`scrape`); a pod that does not answer is
+   skipped, never counted as idle;
+4. asks the pure scaler (`scaler.decide`) for the replica count;
+5. writes the LLMService's scale subresource if the count changed (never the
+   Deployment: the sync loop renders the Deployment from `spec.replicas`),
+   and `status.autoscaling` if what it says changed;
+6. returns the Events to post and the health that the sync loop turns into
+   the `ScalingActive` condition.
+
+The sorting, the observation, the status and the Events are pure functions
+below; `Autoscaler.tick` does the I/O around them. The scaler's state lives
+in memory: after an operator restart the history starts afresh, and a fresh
+history removes nothing for a whole scale-down window (safe by default).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagoda.operator import metrics
+from pagoda.operator.api import KubeApi
+from pagoda.operator.errors import ApiError
+from pagoda.operator.llmservice import LLMService
+from pagoda.operator.scaler import Decision, Observation, PodSample, Policy, State, decide
+from pagoda.operator.scrape import Fetch, ScrapeError, Target, scrape, targets
+from pagoda.operator.status import FAILING_WAITING, pod_ready, timestamp
+
+Results = Mapping[str, PodSample | ScrapeError]
+EventTuple = tuple[str, str, str]  # (type, reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """The runtime pods, sorted for the scaler."""
+
+    targets: tuple[Target, ...]  # ready, with an address: read their metrics
+    starting: int  # not ready yet, within the startup budget: capacity coming
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Whether the autoscaler can do its job (the ScalingActive condition)."""
+
+    active: bool
+    reason: str
+    message: str
+
+
+def _age(pod: Mapping[str, Any], now: datetime.datetime) -> float | None:
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return None
+    try:
+        then = datetime.datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - then).total_seconds()
+
+
+def _failing(pod: Mapping[str, Any]) -> bool:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in FAILING_WAITING:
+            return True
+    return False
+
+
+def census(
+    pods: Iterable[Mapping[str, Any]], now: datetime.datetime, startup_budget: float
+) -> Census:
+    """Sort the pods: which to read, and how many are starting.
+
+    A pod counts as starting while it is not ready, not terminating, not
+    failing (a crash loop or an image that cannot be pulled will not bring
+    capacity), and younger than the startup probe's budget: a pod that has
+    not come up within it never will, and must not hold scale-ups back forever.
+    """
+    pods = list(pods)
+    starting = 0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp") or pod_ready(pod) or _failing(pod):
+            continue
+        age = _age(pod, now)
+        if age is None or age <= startup_budget:
+            starting += 1
+    return Census(tuple(targets(pods)), starting)
+
+
+def observation(time: float, replicas: int, seen: Census, results: Results) -> Observation:
+    """What the scaler sees this tick; failed scrapes are left out, not zeros."""
+    samples = tuple(r for r in results.values() if isinstance(r, PodSample))
+    return Observation(
+        time=time,
+        replicas=replicas,
+        ready=len(seen.targets),
+        starting=seen.starting,
+        samples=samples,
+    )
+
+
+def failures(results: Results) -> dict[str, ScrapeError]:
+    """The pods whose metrics could not be read, by name."""
+    return {pod: r for pod, r in results.items() if isinstance(r, ScrapeError)}
+
+
+def health(obs: Observation, results: Results) -> Health:
+    """The ScalingActive condition of this tick."""
+    failed = failures(results)
+    if obs.replicas == 0:
+        return Health(True, "ScaledToZero", "no replica to measure; scale up to serve again")
+    if obs.ready == 0:
+        return Health(
+            False, "NoReadyPods", f"no ready pod to measure ({obs.starting} starting): holding"
+        )
+    if len(failed) == obs.ready:
+        detail = "; ".join(f"{p}: {e}" for p, e in sorted(failed.items())[:3])
+        return Health(
+            False, "MetricsUnavailable", f"no ready pod's /metrics answered ({detail}): holding"
+        )
+    measured = f"{obs.ready - len(failed)} of {obs.ready} ready pods measured"
+    if failed:
+        return Health(True, "PartialMetrics", f"{measured}; skipped: {', '.join(sorted(failed))}")
+    return Health(True, "ValidMetrics", measured)
+
+
+def _round(value: float) -> float:
+    return round(value, 3)
+
+
+def status(
+    decision: Decision,
+    obs: Observation,
+    previous: Mapping[str, Any],
+    now: datetime.datetime,
+    scaled: bool,
+) -> dict[str, Any]:
+    """`status.autoscaling` after this tick (the last decision is kept until the next scale)."""
+    samples = obs.samples
+    out: dict[str, Any] = {
+        "mode": "builtin",
+        "queueDepth": _round(sum(s.queue for s in samples)) if samples else None,
+        "runningRequests": _round(sum(s.running for s in samples)) if samples else None,
+        "kvCacheUsage": (
+            _round(sum(s.kv_cache_usage for s in samples) / len(samples)) if samples else None
+        ),
+        "podsMeasured": len(samples),
+        "podsUnanswered": obs.unanswered,
+        "podsStarting": obs.starting,
+        "desiredReplicas": decision.replicas,
+        "panic": decision.panic,
+        "lastScaleTime": previous.get("lastScaleTime"),
+        "lastDecision": previous.get("lastDecision"),
+    }
+    if scaled:
+        when = timestamp(now)
+        out["lastScaleTime"] = when
+        out["lastDecision"] = {
+            "reason": decision.reason,
+            "message": decision.message,
+            "from": obs.replicas,
+            "to": decision.replicas,
+            "time": when,
+        }
+    return out
+
+
+def scale_event(decision: Decision, current: int) -> EventTuple | None:
+    """The Event of a change of the replica count; None if it did not change."""
+    if decision.replicas == current:
+        return None
+    reason = "ScaledUp" if decision.replicas > current else "ScaledDown"
+    text = f"{current} -> {decision.replicas} replicas ({decision.reason}): {decision.message}"
+    return "Normal", reason, text
+
+
+def failure_events(now: Mapping[str, ScrapeError], before: Mapping[str, str]) -> list[EventTuple]:
+    """Warnings for pods that newly fail (or fail differently); none while a failure persists."""
+    events = []
+    for pod, error in sorted(now.items()):
+        if before.get(pod) == error.reason:
+            continue
+        reason = "MetricsMalformed" if error.reason == "Malformed" else "MetricsUnavailable"
+        events.append(
+            (
+                "Warning",
+                reason,
+                f"pod {pod}: /metrics {error.reason}: {error}; skipped, not counted as idle",
+            )
+        )
+    return events
+
+
+@dataclass(slots=True)
+class TickResult:
+    """What one tick did, for the caller to tell."""
+
+    events: list[EventTuple] = field(default_factory=list)
+    health: Health | None = None
+    decision: Decision | None = None
+
+
+@dataclass(slots=True)
+class Autoscaler:
+    """The scaler state and what was last written, for one LLMService."""
+
+    api: KubeApi
+    fetch: Fetch
+    scrape_timeout: float = 2.0
+    concurrency: int = 16
+    state: State = field(default_factory=State)
+    written: dict[str, Any] = field(default_factory=dict)
+    failing: dict[str, str] = field(default_factory=dict)
+
+    async def tick(
+        self, llms: LLMService, selector: Mapping[str, str], clock: float, now: datetime.datetime
+    ) -> TickResult:
+        """One measurement and decision. Raises ApiError only for transient errors."""
+        spec = llms.spec.autoscaling
+        assert spec is not None
+        ns, name = llms.namespace, llms.name
+        scale = await self.api.get_scale(ns, name)
+        current = int((scale.get("spec") or {}).get("replicas") or 0)
+        version = (scale.get("metadata") or {}).get("resourceVersion")
+        pods = await self.api.list("Pod", ns, selector)
+        seen = census(pods, now, float(llms.spec.startup_timeout_seconds))
+        results = await scrape(seen.targets, self.fetch, self.scrape_timeout, self.concurrency)
+        failed = failures(results)
+        for error in failed.values():
+            metrics.SCRAPE_FAILURES.labels(error.reason).inc()
+        obs = observation(clock, current, seen, results)
+        decision = decide(Policy.from_spec(spec), self.state, obs)
+        out = TickResult(failure_events(failed, self.failing), health(obs, results), decision)
+        self.failing = {pod: e.reason for pod, e in failed.items()}
+
+        scaled = False
+        if decision.replicas != current:
+            try:
+                await self.api.patch_scale(ns, name, decision.replicas, version)
+                scaled = True
+            except ApiError as e:
+                if e.status == 409:
+                    # Someone scaled between the read and the write: the next
+                    # tick sees their count (and the scaler respects it).
+                    self.state = decision.state
+                    return out
+                if not e.permanent:
+                    raise
+                out.events.append(
+                    ("Warning", "ScaleRefused", f"{current} -> {decision.replicas}: {e}")
+                )
+                out.health = Health(False, "ScaleRefused", f"the scale write was refused: {e}")
+        direction = (
+            "up" if decision.replicas > current else "down" if decision.replicas < current else ""
+        )
+        metrics.SCALE_DECISIONS.labels(direction if scaled else "none", decision.reason).inc()
+        if scaled:
+            event = scale_event(decision, current)
+            if event is not None:
+                out.events.append(event)
+        self.state = decision.state
+        new = status(decision, obs, self.written, now, scaled)
+        changed = {k: v for k, v in new.items() if self.written.get(k) != v}
+        if changed:
+            await self.api.patch_status(ns, name, {"autoscaling": new})
+            self.written = new
+        return out

@@ -1,0 +1,189 @@
+"""Reading the runtime pods' own /metrics: the autoscaler's only input.
+
+Each ready pod serves Prometheus text at `/metrics` on its HTTP port (the
+same port as the OpenAI API, as vLLM does). The operator reads it directly,
+pod by pod, so no Prometheus or metrics adapter is needed: a short timeout
+per pod, a bound on how many are read at once, and a cap on the body size.
+
+A pod that does not answer, answers with an error status, or answers with
+text that is not a Pagoda/vLLM runtime's metrics is a `ScrapeError`: the
+scaler skips it (never counts it as an idle pod). `parse_metrics` is pure;
+`scrape` does the I/O through a `Fetch` function, so the tests and the e2e
+harness can put a network of their own behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from pagoda.operator.scaler import PodSample
+from pagoda.operator.status import pod_ready
+from prometheus_client.parser import text_string_to_metric_families
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+# Requests the API process holds before the engine sees them (tokenizing):
+# they wait just the same, so they count towards the queue.
+PENDING = "pagoda:num_requests_pending"
+# A runtime's exposition is ~20 KiB; anything much larger is not one.
+MAX_BODY = 1 << 20
+# A tick's scrapes must finish well within the shortest interval (1 s).
+DEFAULT_TIMEOUT = 2.0
+DEFAULT_CONCURRENCY = 16
+
+# (url, timeout seconds) -> the body; raises ScrapeError.
+Fetch = Callable[[str, float], Awaitable[str]]
+
+
+class ScrapeError(Exception):
+    """A pod's metrics could not be read; `reason` is one word for metrics and Events."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # Timeout, Unreachable, HTTPError, Malformed
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One ready pod and where its metrics are."""
+
+    pod: str
+    url: str
+
+
+def _value(value: float, name: str) -> float:
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ScrapeError("Malformed", f"{name} is {value}")
+    return value
+
+
+def parse_metrics(text: str) -> PodSample:
+    """The queue, running and KV-cache numbers of one pod's exposition text.
+
+    Every series of a name is summed (one per model name; a pod serves one),
+    except KV-cache usage, of which the highest is kept. Text that does not
+    parse, or lacks `vllm:num_requests_waiting`, or carries a negative or
+    non-finite value, raises ScrapeError("Malformed").
+    """
+    totals: dict[str, float] = {}
+    kv = 0.0
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == KV_CACHE_USAGE:
+                    kv = max(kv, _value(sample.value, sample.name))
+                elif sample.name in (WAITING, RUNNING, PENDING):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + _value(
+                        sample.value, sample.name
+                    )
+    except ScrapeError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError) as e:
+        raise ScrapeError("Malformed", f"not Prometheus text: {e}") from None
+    if WAITING not in totals:
+        raise ScrapeError("Malformed", f"no {WAITING} series: not a Pagoda runtime's metrics")
+    return PodSample(
+        queue=totals[WAITING] + totals.get(PENDING, 0.0),
+        running=totals.get(RUNNING, 0.0),
+        kv_cache_usage=min(kv, 1.0),
+    )
+
+
+def metrics_url(pod: Mapping[str, Any]) -> str | None:
+    """Where a pod's metrics are: its IP, the port and path of its scrape annotations.
+
+    The runtime pods carry the `prometheus.io/port` and `prometheus.io/path`
+    annotations a Prometheus reads; the operator reads the same ones, so the
+    two always agree. None for a pod without an IP.
+    """
+    meta = pod.get("metadata") or {}
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    annotations = meta.get("annotations") or {}
+    port = annotations.get("prometheus.io/port") or "8000"
+    path = annotations.get("prometheus.io/path") or "/metrics"
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}{path}"
+
+
+def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
+    """The ready, not terminating pods with an address: the ones to read."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp") or not pod_ready(pod):
+            continue
+        url = metrics_url(pod)
+        if url is not None:
+            out.append(Target(meta.get("name", "?"), url))
+    return out
+
+
+async def scrape(
+    pods: Iterable[Target],
+    fetch: Fetch,
+    timeout: float = DEFAULT_TIMEOUT,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> dict[str, PodSample | ScrapeError]:
+    """Read every target at most `concurrency` at a time: pod name -> sample or error."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(target: Target) -> PodSample | ScrapeError:
+        async with gate:
+            try:
+                text = await asyncio.wait_for(fetch(target.url, timeout), timeout)
+                return parse_metrics(text)
+            except ScrapeError as e:
+                return e
+            except TimeoutError:
+                return ScrapeError("Timeout", f"no answer within {timeout:g} s")
+
+    listed = list(pods)
+    results = await asyncio.gather(*(one(t) for t in listed))
+    return {t.pod: r for t, r in zip(listed, results, strict=True)}
+
+
+class HttpFetch:
+    """`Fetch` over HTTP with one aiohttp session (one connection per scrape, no pool).
+
+    No keep-alive: pods come and go, and a pooled connection to a pod that
+    was replaced at the same address would read another pod's metrics.
+    """
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, url: str, timeout: float) -> str:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True), trust_env=False
+            )
+        try:
+            async with self._session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status != 200:
+                    raise ScrapeError("HTTPError", f"{url} answered {response.status}")
+                body = await response.content.read(MAX_BODY + 1)
+        except TimeoutError:
+            raise ScrapeError("Timeout", f"{url}: no answer within {timeout:g} s") from None
+        except aiohttp.ClientError as e:
+            raise ScrapeError("Unreachable", f"{url}: {e}") from None
+        if len(body) > MAX_BODY:
+            raise ScrapeError("Malformed", f"{url}: body over {MAX_BODY} bytes")
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ScrapeError("Malformed", f"{url}: not UTF-8 ({e})") from None
+
+    async def close(self) -> None:
+        """Close the session (operator shutdown)."""
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,184 @@
+"""One autoscaler tick, around the pure scaler: sorting pods, status, Events, refusals."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from pagoda.operator import metrics
+from pagoda.operator.autoscaler import Autoscaler, census, failure_events, health, observation
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.errors import ApiError
+from pagoda.operator.llmservice import parse
+from pagoda.operator.scaler import PodSample
+from pagoda.operator.scrape import ScrapeError
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+
+
+def pod(
+    name: str,
+    ready: bool = True,
+    age: float = 600,
+    waiting: str | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    created = (NOW - datetime.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta: dict[str, Any] = {"name": name, "creationTimestamp": created}
+    if deleting:
+        meta["deletionTimestamp"] = created
+    status: dict[str, Any] = {
+        "podIP": f"10.0.0.{len(name)}",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    if waiting:
+        status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
+    return {"metadata": meta, "status": status}
+
+
+def test_census_counts_loading_pods_as_capacity_coming_and_stuck_ones_not() -> None:
+    seen = census(
+        [
+            pod("ready"),
+            pod("loading", ready=False, age=30),
+            pod("crashing", ready=False, age=30, waiting="CrashLoopBackOff"),
+            pod("stuck", ready=False, age=4000),  # past the startup budget: never coming
+            pod("leaving", deleting=True),
+        ],
+        NOW,
+        startup_budget=1800,
+    )
+    assert [t.pod for t in seen.targets] == ["ready"]
+    assert seen.starting == 1
+
+
+def test_failed_scrapes_are_left_out_of_the_observation() -> None:
+    seen = census([pod("a"), pod("bb")], NOW, 1800)
+    results = {"a": PodSample(queue=3), "bb": ScrapeError("Timeout", "no answer")}
+    obs = observation(10.0, 2, seen, results)
+    assert obs.samples == (PodSample(queue=3),) and obs.ready == 2 and obs.unanswered == 1
+    assert health(obs, results).reason == "PartialMetrics"
+    none = observation(10.0, 2, seen, {"a": results["bb"], "bb": results["bb"]})
+    verdict = health(none, {"a": results["bb"], "bb": results["bb"]})
+    assert (verdict.active, verdict.reason) == (False, "MetricsUnavailable")
+
+
+def test_a_failing_pod_is_told_once_not_every_tick() -> None:
+    now = {"a": ScrapeError("Malformed", "no vllm:num_requests_waiting series")}
+    (event,) = failure_events(now, {})
+    assert event[:2] == ("Warning", "MetricsMalformed") and "pod a" in event[2]
+    assert failure_events(now, {"a": "Malformed"}) == []
+    assert failure_events({"a": ScrapeError("Timeout", "")}, {"a": "Malformed"}) != []
+
+
+class FakeApi:
+    """The four calls a tick makes, recorded; `refuse` makes the scale write fail."""
+
+    def __init__(self, replicas: int, pods: list[dict[str, Any]], refuse: int | None = None):
+        self.replicas = replicas
+        self.pods = pods
+        self.refuse = refuse
+        self.scaled: list[tuple[int, str | None]] = []
+        self.statuses: list[dict[str, Any]] = []
+
+    async def get_scale(self, namespace: str, name: str) -> dict[str, Any]:
+        return {"spec": {"replicas": self.replicas}, "metadata": {"resourceVersion": "7"}}
+
+    async def list(self, kind: str, namespace: str, labels: Any) -> list[dict[str, Any]]:
+        return self.pods
+
+    async def patch_scale(self, ns: str, name: str, replicas: int, version: str | None) -> None:
+        if self.refuse:
+            raise ApiError(self.refuse, "Invalid", "replicas out of range", "scale")
+        self.scaled.append((replicas, version))
+        self.replicas = replicas
+
+    async def patch_status(self, namespace: str, name: str, changes: dict[str, Any]) -> None:
+        self.statuses.append(changes)
+
+
+def service(**autoscaling: Any) -> Any:
+    body = {
+        "metadata": {"name": "chat", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "model": "smollm2-135m-instruct",
+            "autoscaling": {"maxReplicas": 4, "targetQueueDepth": 2, **autoscaling},
+        },
+    }
+    return parse(body, OperatorConfig())
+
+
+def pages(text_by_pod: dict[str, str]) -> Any:
+    async def fetch(url: str, timeout: float) -> str:
+        host = url.split("//")[1].split(":")[0]
+        for name, text in text_by_pod.items():
+            if host == f"10.0.0.{len(name)}":
+                if text == "refused":
+                    raise ScrapeError("Unreachable", "connection refused")
+                return text
+        raise AssertionError(url)
+
+    return fetch
+
+
+async def test_a_queue_is_scaled_through_the_scale_subresource_with_an_event() -> None:
+    api = FakeApi(1, [pod("a")])
+    scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
+    ups = metrics.SCALE_DECISIONS.labels("up", "Panic")
+    before = ups._value.get()
+    result = await scaler.tick(service(), {}, 0.0, NOW)
+    assert ups._value.get() == before + 1  # the operator's metric, by direction
+    assert api.scaled == [(4, "7")]  # 4 replicas' worth, with the version read
+    assert result.events[0][:2] == ("Normal", "ScaledUp")
+    status = api.statuses[-1]["autoscaling"]
+    assert status["queueDepth"] == 8 and status["desiredReplicas"] == 4
+    assert status["lastDecision"]["from"] == 1 and status["lastDecision"]["to"] == 4
+    assert status["lastScaleTime"] == "2026-01-01T12:00:00Z"
+    # Nothing new next tick: no status write at all.
+    await scaler.tick(service(), {}, 5.0, NOW)
+    written = len(api.statuses)
+    await scaler.tick(service(), {}, 10.0, NOW)
+    assert len(api.statuses) == written
+
+
+@pytest.mark.parametrize("text", ["garbage {", "refused", "vllm:num_requests_waiting -3\n"])
+async def test_bad_metrics_give_a_warning_and_hold_never_a_crash(text: str) -> None:
+    api = FakeApi(2, [pod("a"), pod("bb")])
+    scaler = Autoscaler(api, pages({"a": text, "bb": text}))  # type: ignore[arg-type]
+    reason = "Unreachable" if text == "refused" else "Malformed"
+    failures = metrics.SCRAPE_FAILURES.labels(reason)
+    before = failures._value.get()
+    for tick in range(20):
+        result = await scaler.tick(service(), {}, tick * 5.0, NOW)
+        if tick == 0:
+            assert [e[0] for e in result.events] == ["Warning", "Warning"]
+        assert result.health is not None and result.health.reason == "MetricsUnavailable"
+    assert api.scaled == []  # 100 s without data: nothing removed
+    assert failures._value.get() == before + 40  # every failed read is counted
+    assert api.statuses[-1]["autoscaling"]["podsUnanswered"] == 2
+
+
+async def test_a_refused_scale_write_is_a_warning_and_an_inactive_condition() -> None:
+    api = FakeApi(1, [pod("a")], refuse=422)
+    scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
+    result = await scaler.tick(service(), {}, 0.0, NOW)
+    assert ("Warning", "ScaleRefused") in [e[:2] for e in result.events]
+    assert result.health is not None and result.health.reason == "ScaleRefused"
+    assert "lastDecision" not in api.statuses[-1]["autoscaling"] or (
+        api.statuses[-1]["autoscaling"]["lastDecision"] is None
+    )
+
+
+async def test_a_conflicting_scale_write_is_left_to_the_next_tick() -> None:
+    api = FakeApi(1, [pod("a")], refuse=409)
+    scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
+    result = await scaler.tick(service(), {}, 0.0, NOW)
+    assert not any(e[0] == "Warning" for e in result.events)
+
+
+async def test_a_transient_error_propagates_for_the_loop_to_log() -> None:
+    api = FakeApi(1, [pod("a")], refuse=503)
+    scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
+    with pytest.raises(ApiError):
+        await scaler.tick(service(), {}, 0.0, NOW)
