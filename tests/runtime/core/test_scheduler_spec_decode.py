@@ -112,9 +112,13 @@ class SpecFakeRunner:
 
 
 def make(num_blocks=64, budget=64, k=3, accuracy=0.7, max_model_len=128, lookahead=False):
-    spec = SpeculativeConfig(method="draft_model" if lookahead else "ngram", num_speculative_tokens=k)
+    spec = SpeculativeConfig(
+        method="draft_model" if lookahead else "ngram", num_speculative_tokens=k
+    )
     sched = Scheduler(
-        SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=max_model_len),
+        SchedulerConfig(
+            max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=max_model_len
+        ),
         CacheConfig(block_size=BS),
         num_blocks,
         spec,
@@ -193,8 +197,12 @@ def test_a_stop_token_inside_an_accepted_run_drops_what_follows():
 def test_no_block_leaks_through_rejections_aborts_and_preemptions():
     rng = random.Random(3)
     # 24 blocks of 4 cannot hold 8 requests of up to 60 tokens: preemptions.
-    sched, runner = make(num_blocks=24, budget=32, k=4, accuracy=0.5, max_model_len=64, lookahead=True)
-    prompts = {f"r{i}": [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))] for i in range(8)}
+    sched, runner = make(
+        num_blocks=24, budget=32, k=4, accuracy=0.5, max_model_len=64, lookahead=True
+    )
+    prompts = {
+        f"r{i}": [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))] for i in range(8)
+    }
     for req_id, p in prompts.items():
         sched.add_request(request(req_id, p, max_tokens=40))
     outputs, _ = run(sched, runner, abort_at={5: ["r1"], 9: ["r6"]})

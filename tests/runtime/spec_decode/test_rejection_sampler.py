@@ -62,7 +62,9 @@ def _synthetic(seed: int = 0):
 def _draws(sampler, p, q, seed=0):
     gen = torch.Generator().manual_seed(seed)
     k = q.shape[0]
-    drafts = torch.stack([torch.multinomial(q[j], N, replacement=True, generator=gen) for j in range(k)], 1)
+    drafts = torch.stack(
+        [torch.multinomial(q[j], N, replacement=True, generator=gen) for j in range(k)], 1
+    )
     target = p.unsqueeze(0).expand(N, -1, -1)
     draft_probs = q.unsqueeze(0).expand(N, -1, -1)
     uniform = torch.rand(N, k, generator=gen)
