@@ -100,7 +100,8 @@ def run(engine: LLMEngine, prompts, params, concurrency: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=8, help="requests per workload and level")
+    ap.add_argument("--requests", type=int, default=8, help="requests at concurrency 8")
+    ap.add_argument("--requests-c1", type=int, default=4, help="requests at concurrency 1")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--draft-layers", type=int, default=8)
     ap.add_argument("--dtype", default="float32")
@@ -140,7 +141,8 @@ def main() -> None:
             for conc in (1, 8):
                 sched = engine.engine_core.scheduler
                 before = sched.make_stats().spec_decoding
-                r = run(engine, prompts, params, conc)
+                n = args.requests_c1 if conc == 1 else args.requests
+                r = run(engine, prompts[:n], params, conc)
                 after = sched.make_stats().spec_decoding
                 if after is not None:
                     drafted = after.num_draft_tokens - before.num_draft_tokens
