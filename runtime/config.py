@@ -12,6 +12,7 @@ from pagoda.runtime.sampling_params import InvalidRequestError
 if TYPE_CHECKING:
     from pagoda.runtime.model_config import ModelConfig
     from pagoda.runtime.models.arch_config import ModelArchConfig
+    from pagoda.runtime.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
@@ -93,6 +94,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     runner_config: RunnerConfig
     lora_config: LoRAConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
 
 
 @dataclass
@@ -140,6 +142,10 @@ class EngineArgs:
     # Extra fields of a model config, e.g. {"num_hidden_layers": 2} to shrink a
     # model for a quick check; applied on top of config.json or GGUF metadata.
     hf_overrides: dict = field(default_factory=dict)
+    # Speculative decoding, vLLM's JSON: {"method": "ngram" | "draft_model",
+    # "num_speculative_tokens": k, ...} (pagoda.runtime.spec_decode.config);
+    # empty or None: off.
+    speculative_config: dict | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -235,6 +241,7 @@ class EngineArgs:
         """Validate, find the model (metadata only) and build the one config
         the engine runs with; errors name the offending field."""
         from pagoda.runtime.model_loader.resolve import resolve_model_config
+        from pagoda.runtime.spec_decode.config import resolve_speculative_config
 
         self.validate()
         model_config = resolve_model_config(self)
@@ -256,6 +263,9 @@ class EngineArgs:
                 seed=self.seed,
             ),
             lora_config=self.lora_config(),
+            speculative_config=resolve_speculative_config(
+                self.speculative_config, self, model_config
+            ),
         )
 
 

@@ -64,6 +64,8 @@ class EngineCore:
             self.executor.shutdown()
             raise
         logger.info("Memory: %s", self.memory.summary())
+        if config.speculative_config is not None:
+            logger.info("Speculative decoding: %s", config.speculative_config.summary())
         # Start-up objects (weights' metadata, the block pool's thousands of
         # blocks) live forever: move them out of the collector's reach so
         # full collections in the step loop stay short (as vLLM does).
@@ -94,7 +96,9 @@ class EngineCore:
                 param="max_model_len",
             )
         self.executor.initialize_kv_cache(num_blocks)
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, num_blocks)
+        self.scheduler = Scheduler(
+            config.scheduler_config, config.cache_config, num_blocks, config.speculative_config
+        )
 
     def add_request(self, req: EngineCoreRequest) -> None:
         self.scheduler.add_request(

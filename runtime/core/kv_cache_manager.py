@@ -130,11 +130,15 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_new_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
         """Make room for `num_new_tokens` more tokens of `request`.
 
         `new_computed_blocks`/`num_new_computed_tokens` are a newly admitted
-        request's prefix hits from `get_computed_blocks`. Returns the ids of
+        request's prefix hits from `get_computed_blocks`. With speculative
+        decoding `num_new_tokens` includes the step's draft tokens; only the
+        request's known (verified) tokens ever key a cached block, so a
+        rejected draft never enters the prefix cache. Returns the ids of
         the blocks the request gained (hits first, then fresh blocks): what the
         model runner appends to its block table. Returns None, changing
         nothing, when there are not enough free blocks; cached blocks nobody
@@ -148,7 +152,10 @@ class KVCacheManager:
         num_owned = 0 if req_blocks is None else len(req_blocks)
         bs = self.block_size
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_new_blocks = (num_tokens + bs - 1) // bs - num_owned - len(computed)
+        # Lookahead slots (a draft model's KV for its own proposals) are
+        # allocated but never cached: they hold no verified token.
+        num_slots = num_tokens + num_lookahead_tokens
+        num_new_blocks = (num_slots + bs - 1) // bs - num_owned - len(computed)
         # Free hits sit in the free queue: touching them uses up free blocks.
         num_free_hits = sum(1 for block in computed if block.ref_cnt == 0) if computed else 0
         if num_new_blocks + num_free_hits > self.block_pool.free_block_queue.num_free_blocks:

@@ -65,6 +65,31 @@ class EngineCoreOutput:
 
 
 @dataclass
+class SpecDecodingStats:
+    """Speculative decoding counters, cumulative since start (vLLM's names):
+    drafts verified (a request's run of draft tokens in one step), draft
+    tokens verified, of those accepted, and accepted per draft position
+    (index 0 is the first draft token of a step)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one verified draft of `num_draft_tokens` whose first
+        `num_accepted_tokens` were accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        if len(per_pos) < num_draft_tokens:
+            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
+
+
+@dataclass
 class SchedulerStats:
     """Engine state after a step; counters are cumulative since start."""
 
@@ -78,6 +103,8 @@ class SchedulerStats:
     # when LoRA is off.
     running_loras: dict[int, int] = field(default_factory=dict)
     waiting_loras: dict[int, int] = field(default_factory=dict)
+    # None when speculative decoding is off.
+    spec_decoding: SpecDecodingStats | None = None
 
 
 @dataclass

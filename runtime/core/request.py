@@ -79,6 +79,10 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    # Speculative decoding: draft tokens proposed after the last step, to be
+    # verified by the next; never part of all_token_ids (only verified
+    # tokens are).
+    spec_token_ids: list[int] = field(default_factory=list)
     # Events since the last output, for the front end's metrics.
     events: list[EngineCoreEvent] = field(default_factory=list)
 

@@ -53,6 +53,9 @@ class SchedulerOutput:
     # Requests the runner must drop from its batch: finished, aborted or
     # preempted since the last step.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Speculative decoding: request id -> the draft tokens to verify this
+    # step, which are the last len(drafts) of its num_scheduled_tokens.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -62,7 +65,13 @@ class SchedulerOutput:
 @dataclass
 class ModelRunnerOutput:
     """Tokens sampled this step, per request that reached the end of its
-    known tokens (requests in the middle of a chunked prefill sample none)."""
+    known tokens (requests in the middle of a chunked prefill sample none).
+
+    With speculative decoding a request gets 1 to k+1 tokens (its accepted
+    drafts, then the target's own token), and `spec_token_ids` holds the
+    drafts proposed for its next step.
+    """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)

@@ -7,6 +7,14 @@ the middle of a chunked prefill takes what remains of its prompt or what
 remains of the budget. Waiting requests are then admitted first come, first
 served, their prefill chunked to fit the budget that is left.
 
+Speculative decoding adds a running request's draft tokens to its decode
+(`scheduled_spec_decode_tokens`), within the same budget. After the forward,
+the drafts the target rejected are taken back by rolling
+`num_computed_tokens` back: their KV slots are rewritten by the next step
+before anything reads them, and since only verified tokens key a cached
+block, the prefix cache never holds a rejected draft. Drafts are optional:
+a request is never preempted to make room for them.
+
 When blocks run out for a running request, the newest running request is
 preempted by recompute: its blocks are freed and it goes back to the front of
 the waiting queue with its output so far, to be prefilled again later (much
@@ -15,6 +23,7 @@ of it usually straight from the prefix cache).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -22,7 +31,12 @@ from collections.abc import Iterable
 from pagoda.runtime.config import CacheConfig, SchedulerConfig
 from pagoda.runtime.core.events import EngineCoreEvent, EngineCoreEventType
 from pagoda.runtime.core.kv_cache_manager import KVCacheManager
-from pagoda.runtime.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagoda.runtime.core.outputs import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+    SpecDecodingStats,
+)
 from pagoda.runtime.core.request import Request, RequestStatus
 from pagoda.runtime.core.sched_output import (
     CachedRequestData,
@@ -31,13 +45,18 @@ from pagoda.runtime.core.sched_output import (
     SchedulerOutput,
 )
 from pagoda.runtime.sampling_params import InvalidRequestError
+from pagoda.runtime.spec_decode.config import SpeculativeConfig
 
 
 class Scheduler:
     """Decides each step's batch and applies the model's sampled tokens."""
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
@@ -68,6 +87,11 @@ class Scheduler:
         self.num_preemptions = 0
         # Requests with events not yet reported in an output.
         self._with_events: set[str] = set()
+        self.speculative_config = speculative_config
+        self.num_lookahead_tokens = (
+            speculative_config.num_lookahead_tokens if speculative_config else 0
+        )
+        self.spec_stats = SpecDecodingStats() if speculative_config else None
 
     # -- requests in and out -------------------------------------------------
 
@@ -127,7 +151,8 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         cached = CachedRequestData()
         preempted: list[Request] = []
-        budget = self._schedule_running(budget, num_scheduled, cached, preempted)
+        spec: dict[str, list[int]] = {}
+        budget = self._schedule_running(budget, num_scheduled, cached, preempted, spec)
         new_reqs: list[NewRequestData] = []
         # As in vLLM: a step that had to preempt is out of blocks, so admitting
         # new work would only thrash (and a preempted request must not be
@@ -147,6 +172,7 @@ class Scheduler:
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
             finished_req_ids=finished,
+            scheduled_spec_decode_tokens=spec,
         )
 
     def _schedule_running(
@@ -155,6 +181,7 @@ class Scheduler:
         num_scheduled: dict[str, int],
         cached: CachedRequestData,
         preempted: list[Request],
+        scheduled_spec: dict[str, list[int]],
     ) -> int:
         allocate = self.kv_cache_manager.allocate_slots
         running = self.running
@@ -174,7 +201,13 @@ class Scheduler:
                 # to compute until it does.
                 i += 1
                 continue
-            block_ids = allocate(request, num_new)
+            drafts = self._drafts_to_verify(request, num_new, budget)
+            lookahead = self._lookahead(request, num_new + len(drafts))
+            block_ids = allocate(request, num_new + len(drafts), num_lookahead_tokens=lookahead)
+            if block_ids is None and (drafts or lookahead):
+                # Drafts are a bet: never preempt anyone to place one.
+                drafts = []
+                block_ids = allocate(request, num_new)
             while block_ids is None:
                 victim = running.pop()
                 # The tail is scheduled last, so a victim never holds tokens
@@ -186,6 +219,9 @@ class Scheduler:
                     return budget
                 block_ids = allocate(request, num_new)
             req_id = request.request_id
+            if drafts:
+                scheduled_spec[req_id] = drafts
+                num_new += len(drafts)
             num_scheduled[req_id] = num_new
             req_ids.append(req_id)
             new_block_ids.append(block_ids)
@@ -220,7 +256,10 @@ class Scheduler:
                 continue
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)
-            block_ids = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
+            lookahead = self._lookahead(request, num_hit + num_new)
+            block_ids = kv.allocate_slots(request, num_new, hit_blocks, num_hit, lookahead)
+            if block_ids is None and lookahead:
+                block_ids = kv.allocate_slots(request, num_new, hit_blocks, num_hit)
             if block_ids is None:
                 break  # FCFS: nobody overtakes the head of the queue
             waiting.popleft()
@@ -250,9 +289,34 @@ class Scheduler:
         waiting.extendleft(reversed(passed))
         return budget
 
+    def _drafts_to_verify(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """The draft tokens to verify with this step's decode: none unless the
+        request decodes (one new token), no more than the budget leaves, and
+        none that could not be emitted (past max_tokens, with the target's
+        own token after them, or past max_model_len)."""
+        drafts = request.spec_token_ids
+        if not drafts or num_new != 1:
+            return []
+        room = min(
+            budget - 1,
+            request.max_tokens - len(request.output_token_ids) - 1,
+            self.max_model_len - len(request.all_token_ids),
+        )
+        return drafts[:room] if room > 0 else []
+
+    def _lookahead(self, request: Request, num_tokens_after: int) -> int:
+        """KV slots past this step's tokens for a draft model's proposals,
+        but none past max_model_len (the block table ends there)."""
+        if not self.num_lookahead_tokens:
+            return 0
+        end = request.num_computed_tokens + num_tokens_after
+        return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
+
     def _preempt(self, request: Request) -> None:
         """Preempt by recompute; the output so far is kept."""
         self.kv_cache_manager.free(request)
+        # The runner forgets the row and its drafts' probabilities with it.
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -271,10 +335,18 @@ class Scheduler:
         all_logprobs = model_runner_output.logprobs
         requests = self.requests
         num_finished = 0
+        spec_on = self.speculative_config is not None
+        scheduled_spec = scheduler_output.scheduled_spec_decode_tokens
+        new_drafts = model_runner_output.spec_token_ids
         for req_id, token_ids in model_runner_output.sampled_token_ids.items():
             request = requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not token_ids:
                 continue  # aborted (or preempted) since it was scheduled
+            if spec_on:
+                self._settle_drafts(request, scheduled_spec.get(req_id), len(token_ids))
+                # The drafts just verified are spent; the next ones (if any)
+                # continue from the tokens just sampled.
+                request.spec_token_ids = new_drafts.get(req_id) or []
             if len(token_ids) == 1:  # the usual case, inlined: this runs per request per step
                 request.output_token_ids.append(token_ids[0])
                 request.all_token_ids.append(token_ids[0])
@@ -318,6 +390,19 @@ class Scheduler:
                     )
             self._with_events.clear()
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def _settle_drafts(self, request: Request, drafts: list[int] | None, num_sampled: int) -> None:
+        """Count a verified draft and take back the KV slots of its rejected
+        tokens: the runner emits the accepted drafts then one token of its
+        own, so `num_sampled - 1` were accepted."""
+        if not drafts:
+            return
+        num_accepted = num_sampled - 1
+        assert 0 <= num_accepted <= len(drafts)
+        # Everything after the last accepted draft is recomputed next step
+        # (the runner's own token, then whatever comes after it).
+        request.num_computed_tokens -= len(drafts) - num_accepted
+        self.spec_stats.observe(len(drafts), num_accepted)
 
     def _take_events(self, request: Request) -> list[EngineCoreEvent] | None:
         if not request.events:
@@ -375,6 +460,12 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding=None
+            if self.spec_stats is None
+            else dataclasses.replace(
+                self.spec_stats,
+                num_accepted_tokens_per_pos=list(self.spec_stats.num_accepted_tokens_per_pos),
+            ),
         )
         if self.scheduler_config.max_loras:  # a pass over the requests: only with LoRA on
             for requests, counts in (

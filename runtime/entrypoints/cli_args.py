@@ -44,6 +44,9 @@ _HELP = {
     "max_loras": "LoRA adapters active in one batch",
     "max_lora_rank": "largest LoRA rank accepted (8, 16, 32, 64, 128 or 256)",
     "max_cpu_loras": "LoRA adapters kept loaded in host memory (default: 2 x max_loras)",
+    "speculative_config": 'speculative decoding as JSON, e.g. {"method": "ngram", '
+    '"num_speculative_tokens": 3} or {"method": "draft_model", "model": ..., '
+    '"num_speculative_tokens": 3}',
     "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
@@ -92,7 +95,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Fa
             )
             continue
         base = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
-        if kind is dict:
+        if dict in (kind, *base):
             conv = json.loads
         elif typing.get_origin(base[0]) is list:
             conv = _parse_int_list

@@ -85,6 +85,15 @@ class InputBatch:
             self.lora_ids[row] = self.lora_ids[last]
         self.states.pop()
 
+    def append_token_lists(self, rows: np.ndarray, token_lists: list[list[int]]) -> None:
+        """Record a run of tokens for each of `rows` (speculative decoding:
+        the accepted drafts and the target's token)."""
+        for row, toks in zip(rows.tolist(), token_lists):
+            n = int(self.num_tokens[row])
+            self.token_ids[row, n : n + len(toks)] = toks
+            self.num_tokens[row] = n + len(toks)
+            self.states[row].output_token_ids.extend(toks)
+
     def append_sampled(self, rows: np.ndarray, token_ids: list[int]) -> None:
         """Record one sampled token for each of `rows`."""
         self.token_ids[rows, self.num_tokens[rows]] = token_ids

@@ -18,6 +18,8 @@ from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
 from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
 from pagoda.runtime.sampling_params import InvalidRequestError
+from pagoda.runtime.spec_decode.proposer import SpecStep
+from pagoda.runtime.spec_decode.spec_decoder import SpecDecoder
 from pagoda.runtime.worker.cuda_graph import CudaGraphRunner, default_capture_sizes
 from pagoda.runtime.worker.input_batch import CachedRequestState, InputBatch
 
@@ -69,6 +71,9 @@ class ModelRunner:
         self.lora_manager: LoRAManager | None = None
         # lora_int_id -> the request that named it (where to reload it from).
         self.lora_requests: dict[int, LoRARequest] = {}
+        self.spec: SpecDecoder | None = None
+        if config.speculative_config is not None:
+            self.spec = SpecDecoder(config, device, self.backend, self.use_triton_kernels)
 
     @property
     def num_kv_heads(self) -> int:
@@ -90,6 +95,8 @@ class ModelRunner:
                 self.model_config.arch,
                 use_triton=self.use_triton_kernels,
             )
+        if self.spec is not None:
+            self.spec.proposer.load_model()
 
     def add_lora(self, lora_request: LoRARequest) -> None:
         if self.lora_manager is None:
@@ -107,7 +114,8 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         a = self.model_config.arch
         per_token = 2 * a.num_hidden_layers * self.num_kv_heads * a.head_dim
-        return per_token * self.cache_config.block_size * self.dtype.itemsize
+        draft = self.spec.proposer.kv_bytes_per_block() if self.spec is not None else 0
+        return per_token * self.cache_config.block_size * self.dtype.itemsize + draft
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -165,6 +173,9 @@ class ModelRunner:
             cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
+        if self.spec is not None:
+            # A draft model's cache: as many blocks, so one block table serves both.
+            self.spec.proposer.initialize_kv_cache(num_blocks)
         if self.use_cuda_graphs:
             self.graph_runner = CudaGraphRunner(
                 self.model,
@@ -181,6 +192,8 @@ class ModelRunner:
     def _update_batch(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
             self.batch.remove(req_id)
+        if self.spec is not None and so.finished_req_ids:
+            self.spec.forget(so.finished_req_ids)
         for new in so.scheduled_new_reqs:
             self.batch.remove(new.req_id)  # a resumed request replaces its old row
             sp = new.sampling_params
@@ -214,6 +227,8 @@ class ModelRunner:
         rows = np.fromiter((b.index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         num_sched = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(rows))
         total = int(num_sched.sum())
+        if so.scheduled_spec_decode_tokens:
+            num_spec = self._write_drafts(so, req_ids, rows)
         cu = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(num_sched, out=cu[1:])
         # Position of every token of the step: its request's computed count
@@ -229,8 +244,13 @@ class ModelRunner:
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = b.block_table[rows, :max_blocks]
         # Requests that reach the end of their known tokens sample one.
-        samples = seq_lens == b.num_tokens[rows]
-        logits_indices = cu[1:][samples] - 1
+        spec = so.scheduled_spec_decode_tokens
+        if not spec:
+            samples = seq_lens == b.num_tokens[rows]
+            logits_indices = cu[1:][samples] - 1
+        else:
+            # ... or, with drafts, one per draft and one after them.
+            samples, logits_indices = self._spec_logits_indices(num_spec, rows, seq_lens, cu)
 
         dev = self.device
         qsl_cpu = torch.from_numpy(cu.astype(np.int32))
@@ -253,7 +273,37 @@ class ModelRunner:
             self._set_lora_mapping(rows, num_sched)
         sample_rows = rows[samples]
         sample_req_ids = [r for r, s in zip(req_ids, samples.tolist()) if s]
+        if self.spec is not None:
+            # What the proposer needs of this step once tokens are sampled.
+            self._spec_step = SpecStep(b, req_ids, rows, computed, num_sched, samples, None)
         return ids, pos, meta, torch.from_numpy(logits_indices).to(dev), sample_rows, sample_req_ids
+
+    def _write_drafts(self, so: SchedulerOutput, req_ids: list[str], rows: np.ndarray):
+        """Put each request's drafts after its known tokens, where they are
+        the step's last input ids (never counted in num_tokens: only
+        verified tokens are). Returns the drafts per step row."""
+        b = self.batch
+        spec = so.scheduled_spec_decode_tokens
+        num_spec = np.zeros(len(rows), dtype=np.int64)
+        for i, req_id in enumerate(req_ids):
+            drafts = spec.get(req_id)
+            if drafts:
+                row, n = rows[i], b.num_tokens[rows[i]]
+                b.token_ids[row, n : n + len(drafts)] = drafts
+                num_spec[i] = len(drafts)
+        return num_spec
+
+    def _spec_logits_indices(self, num_spec, rows, seq_lens, cu):
+        """The rows to take logits from: every draft position and the one
+        after it, for requests that sample."""
+        b = self.batch
+        samples = seq_lens == b.num_tokens[rows] + num_spec
+        n_logits = (1 + num_spec)[samples]
+        first = cu[1:][samples] - n_logits
+        offsets = np.arange(int(n_logits.sum())) - np.repeat(
+            np.cumsum(n_logits) - n_logits, n_logits
+        )
+        return samples, np.repeat(first, n_logits) + offsets
 
     def _set_lora_mapping(self, rows: np.ndarray, num_scheduled: np.ndarray) -> None:
         """Give each adapter of the step a slot and every token its slot (-1:
@@ -324,6 +374,8 @@ class ModelRunner:
         if logits is None:
             return None
         logits = logits.float()
+        if self.spec is not None:
+            return self._verify_and_propose(so, logits, sample_rows, sample_req_ids)
         sampling = self._sampling_metadata(sample_rows)
         out = self.sampler(logits, sampling)
         tokens = out.sampled_token_ids.tolist()
@@ -337,4 +389,25 @@ class ModelRunner:
         return ModelRunnerOutput(
             sampled_token_ids={r: [t] for r, t in zip(sample_req_ids, tokens)},
             logprobs=logprobs,
+        )
+
+    def _verify_and_propose(
+        self,
+        so: SchedulerOutput,
+        logits: torch.Tensor,
+        sample_rows: np.ndarray,
+        sample_req_ids: list[str],
+    ) -> ModelRunnerOutput:
+        """Speculative decoding: every sampling request goes through the
+        verifier (with no drafts it samples one token, from the same seeded
+        draws whatever its neighbours drafted), then drafts its next step."""
+        spec = so.scheduled_spec_decode_tokens
+        drafts = [spec.get(r, []) for r in sample_req_ids]
+        tokens, logprobs = self.spec.verify(logits, self.batch, sample_rows, sample_req_ids, drafts)
+        self.batch.append_token_lists(sample_rows, tokens)
+        step, self._spec_step = self._spec_step, None
+        return ModelRunnerOutput(
+            sampled_token_ids=dict(zip(sample_req_ids, tokens)),
+            logprobs=logprobs,
+            spec_token_ids=self.spec.propose(step),
         )

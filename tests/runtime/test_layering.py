@@ -27,6 +27,16 @@ FORBIDDEN = {
         "pagoda.runtime.core.engine_core",
         "pagoda.runtime.core.core_proc",
     ],
+    # Speculative decoding runs in the worker (its config is also read by
+    # the scheduler): the worker's rules.
+    "spec_decode": [
+        "pagoda.runtime.engine",
+        "pagoda.runtime.entrypoints",
+        "pagoda.runtime.executor",
+        "pagoda.runtime.core.scheduler",
+        "pagoda.runtime.core.engine_core",
+        "pagoda.runtime.core.core_proc",
+    ],
     "model_config.py": ["pagoda.runtime.model_loader"],
 }
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.events import EngineCoreEventType
-from pagoda.runtime.core.outputs import EngineCoreOutputs
+from pagoda.runtime.core.outputs import EngineCoreOutputs, SpecDecodingStats
 from pagoda.runtime.engine.output_processor import ProcessedOutputs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -157,6 +157,7 @@ class ServingMetrics:
         self.request_generation_tokens = histogram(
             "vllm:request_generation_tokens", "Generated tokens per request.", token_buckets
         )
+        self.spec = _SpecDecodingMetrics(model_name, registry)
         self._last_prefix_queries = 0
         self._last_prefix_hits = 0
         self._last_preemptions = 0
@@ -214,6 +215,8 @@ class ServingMetrics:
             self._last_prefix_queries = stats.prefix_cache_queries
             self._last_prefix_hits = stats.prefix_cache_hits
             self._last_preemptions = stats.num_preemptions
+            if stats.spec_decoding is not None:
+                self.spec.observe(stats.spec_decoding)
         now = outputs.timestamp
         num_new = 0
         for out in outputs.outputs:
@@ -268,3 +271,45 @@ class ServingMetrics:
             for cid in req.child_ids:
                 self._parent_of.pop(cid, None)
         return req
+
+
+class _SpecDecodingMetrics:
+    """Speculative decoding counters under vLLM's names; the engine's
+    counters are cumulative, so each update adds what is new."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry):
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, ["model_name"], registry=registry).labels(model_name)
+
+        self.num_drafts = counter("vllm:spec_decode_num_drafts", "Drafts verified.")
+        self.num_draft_tokens = counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."
+        )
+        self.num_accepted_tokens = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."
+        )
+        self._per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0 is the first).",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self._model_name = model_name
+        self._last = SpecDecodingStats()
+
+    def observe(self, stats: SpecDecodingStats) -> None:
+        last = self._last
+        self.num_drafts.inc(max(0, stats.num_drafts - last.num_drafts))
+        self.num_draft_tokens.inc(max(0, stats.num_draft_tokens - last.num_draft_tokens))
+        self.num_accepted_tokens.inc(max(0, stats.num_accepted_tokens - last.num_accepted_tokens))
+        before = last.num_accepted_tokens_per_pos
+        for pos, n in enumerate(stats.num_accepted_tokens_per_pos):
+            new = n - (before[pos] if pos < len(before) else 0)
+            if new > 0:
+                self._per_pos.labels(self._model_name, str(pos)).inc(new)
+        self._last = SpecDecodingStats(
+            stats.num_drafts,
+            stats.num_draft_tokens,
+            stats.num_accepted_tokens,
+            list(stats.num_accepted_tokens_per_pos),
+        )
