@@ -12,8 +12,8 @@
 
 The offline engines live in one process and the systems alternate across
 rounds (this machine's speed drifts); medians are reported. Adapters are
-random PEFT folders (rank 8 on all seven projections), written here without
-peft.
+random PEFT folders (rank 8 on all seven projections,
+`pagoda.runtime.lora.random_adapter`).
 
     python benchmarks/bench_lora.py --out .bench/lora.json
 """
@@ -29,49 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serving import Server, offline_throughput
+from pagoda.runtime.lora.random_adapter import write_random_adapter
 from workload import random_workload
-
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def write_random_adapter(folder: Path, arch, rank: int, seed: int) -> Path:
-    """A PEFT LoRA folder for `arch` with random A and B (B nonzero)."""
-    from safetensors.torch import save_file
-
-    h, inter = arch.hidden_size, arch.intermediate_size
-    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
-    shapes = {  # (in, out) of each projection
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, inter),
-        "up_proj": (h, inter),
-        "down_proj": (inter, h),
-    }
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(arch.num_hidden_layers):
-        for name, (fin, fout) in shapes.items():
-            part = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{part}.{name}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fin, generator=gen) / fin**0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fout, rank, generator=gen) * 0.02
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {
-        "peft_type": "LORA",
-        "r": rank,
-        "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS),
-        "bias": "none",
-    }
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def offline(args, adapter_dirs: list[Path]) -> dict:

@@ -46,6 +46,9 @@ class OperatorConfig:
     # 1.30+); detected from the API server's version at start-up.
     sleep_action: bool = True
     field_manager: str = "pagoda-operator"
+    # How often the adapter loop checks each ready pod's adapters once they
+    # match the spec; while they do not, it checks every second.
+    adapter_sync_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -59,6 +62,7 @@ class OperatorConfig:
             gpu_type_label=env.get("PAGODA_OPERATOR_GPU_TYPE_LABEL", "nvidia.com/gpu.product"),
             profiles=load_profiles(Path(profiles_file)) if profiles_file else {},
             resync_seconds=_positive(env, "PAGODA_OPERATOR_RESYNC_SECONDS", 30.0),
+            adapter_sync_seconds=_positive(env, "PAGODA_OPERATOR_ADAPTER_SYNC_SECONDS", 10.0),
         )
 
 

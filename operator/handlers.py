@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from pagoda.operator import adapters as lora
 from pagoda.operator import metrics
 from pagoda.operator import reconcile as rc
 from pagoda.operator import status as st
@@ -65,6 +66,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     memo.setdefault("scrape", HttpFetch())
     # Each autoscaler's health, for its sync loop's ScalingActive condition.
     memo.setdefault("scaling", {})
+    # How the adapter loops call pods' LoRA API, and each one's health (AdaptersReady).
+    memo.setdefault("pod_client", lora.HttpPodClient())
+    memo.setdefault("adapters", {})
+    # Wake-ups of the adapter loops: a new spec, a pod that changed.
+    memo.setdefault("adapter_triggers", Triggers())
 
 
 async def detect_cluster(memo: kopf.Memo, logger: Any) -> None:
@@ -93,8 +99,15 @@ def login(memo: kopf.Memo) -> kopf.ConnectionInfo:
 
 
 def child_changed(kind: str, body: Mapping[str, Any], memo: kopf.Memo) -> None:
-    """A watched child changed: wake the loop of the LLMService that owns it."""
-    memo["triggers"].poke(owner_key(kind, body))
+    """A watched child changed: wake the loop of the LLMService that owns it.
+
+    A pod's change also wakes the adapter loop: a pod turning ready gets its
+    adapters checked at once.
+    """
+    key = owner_key(kind, body)
+    memo["triggers"].poke(key)
+    if kind == "Pod" and "adapter_triggers" in memo:
+        memo["adapter_triggers"].poke(key)
 
 
 def llmservice_changed(body: Mapping[str, Any], memo: kopf.Memo) -> None:
@@ -102,6 +115,8 @@ def llmservice_changed(body: Mapping[str, Any], memo: kopf.Memo) -> None:
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
     memo["triggers"].poke_if_new_generation(key, meta.get("generation"))
+    if "adapter_triggers" in memo:
+        memo["adapter_triggers"].poke_if_new_generation(key, meta.get("generation"))
 
 
 async def _woken(event: asyncio.Event | None, stopped: Any, timeout: float) -> str:
@@ -178,8 +193,10 @@ async def reconcile_once(
     key = (meta.get("namespace", ""), meta.get("name", ""))
     health: Health | None = memo.get("scaling", {}).get(key)
     scaling = (health.active, health.reason, health.message) if health else None
+    served: lora.Health | None = memo.get("adapters", {}).get(key)
+    adapters = (served.ready, served.reason, served.message) if served else None
     try:
-        outcome = await rc.reconcile(body, api, config, memory.status, now, scaling)
+        outcome = await rc.reconcile(body, api, config, memory.status, now, scaling, adapters)
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
         raise
@@ -287,11 +304,79 @@ async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: An
                 await memo["api"].patch_status(key[0], key[1], {"autoscaling": None})
 
 
+def wants_adapters(spec: Mapping[str, Any]) -> bool:
+    """Whether a raw spec turns LoRA on (kopf's filter of the adapter loop)."""
+    return spec.get("lora") is not None or bool(spec.get("adapters"))
+
+
+def _set_adapters_health(memo: kopf.Memo, key: Key, health: lora.Health | None) -> None:
+    """Record the adapter loop's health; wake the sync loop when the condition changes."""
+    registry: dict[Key, lora.Health] = memo["adapters"]
+    before = registry.get(key)
+    if health is None:
+        registry.pop(key, None)
+    else:
+        registry[key] = health
+    if before != health:
+        memo["triggers"].poke(key)
+
+
+async def keep_adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
+    """The adapter loop of one LLMService: every ready pod serves `spec.adapters`.
+
+    Each pass reads every ready pod's /v1/models and loads or unloads what
+    differs (`adapters.AdapterSync`): at once when the spec or a pod changes,
+    then every second while some pod differs and every `adapter_sync_seconds`
+    once all match. As the autoscaler's loop, nothing a pod or a spec says
+    ends it.
+    """
+    config: OperatorConfig = memo["config"]
+    meta = body.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    written = (body.get("status") or {}).get("adapters")
+    sync = lora.AdapterSync(memo["api"], memo["pod_client"], written=written)
+    triggers: Triggers = memo["adapter_triggers"]
+    wake = triggers.register(key)
+    try:
+        while not stopped:
+            wake.event.clear()
+            generation = (body.get("metadata") or {}).get("generation")
+            interval = 1.0
+            try:
+                llms = parse(body, config)
+            except InvalidSpec:
+                llms = None  # the sync loop's condition says why; hold
+            if llms is not None and llms.spec.lora_enabled:
+                try:
+                    result = await sync.tick(llms, selector_labels(llms))
+                except ApiError as e:
+                    logger.warning(f"adapter sync failed, retrying: {e}")
+                except Exception as e:  # a bug must not stop the loop for good
+                    logger.exception(f"adapter sync crashed: {e}")
+                else:
+                    for kind, reason, message in result.events:
+                        kopf.event(body, type=kind, reason=reason, message=message)
+                    _set_adapters_health(memo, key, result.health)
+                    if result.converged:
+                        interval = config.adapter_sync_seconds
+            wake.generation = generation
+            if await _woken(wake.event, stopped, interval) == "stop":
+                break
+    finally:
+        triggers.unregister(key, wake)
+        _set_adapters_health(memo, key, None)
+        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        if not deleting and not wants_adapters(body.get("spec") or {}):
+            with contextlib.suppress(ApiError):  # LoRA switched off: nothing to report
+                await memo["api"].patch_status(key[0], key[1], {"adapters": None})
+
+
 async def cleanup(memo: kopf.Memo) -> None:
     """Close our connection pools on shutdown."""
     api = memo.get("api")
     if api is not None:
         api.close()
-    close = getattr(memo.get("scrape"), "close", None)
-    if close is not None:
-        await close()
+    for client in (memo.get("scrape"), memo.get("pod_client")):
+        close = getattr(client, "close", None)
+        if close is not None:
+            await close()

@@ -134,6 +134,14 @@ def parse(body: Mapping[str, Any], config: OperatorConfig) -> LLMService:
         spec = LLMServiceSpec.model_validate(body.get("spec") or {})
     except ValidationError as e:
         raise _first_error(e) from None
+    served = spec.served_model_name or name
+    for index, adapter in enumerate(spec.adapters):
+        if adapter.name == served:
+            # Not expressible in CEL: the default name is metadata.name.
+            raise InvalidSpec(
+                f"spec.adapters[{index}].name",
+                f"{adapter.name!r} is the served model name; clients could not tell them apart",
+            )
     return LLMService(
         name=name,
         namespace=meta.get("namespace", ""),

@@ -5,7 +5,8 @@ the LLMService's spec changes, when one of its children changes (the owned
 kinds are watched and each event is mapped to its owner) and, as a safety
 net, every `resync_seconds` of the operator's configuration. One with
 `spec.autoscaling` (built-in mode) gets a second daemon, its autoscaler,
-which kopf starts and stops as the spec asks for it or not.
+which kopf starts and stops as the spec asks for it or not; one with LoRA
+(`spec.lora` or `spec.adapters`) gets its adapter loop the same way.
 Run with `pagoda-operator` (see cli.py) or `kopf run -m pagoda.operator.main`.
 """
 
@@ -65,6 +66,16 @@ async def sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_:
 )
 async def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
     await handlers.keep_scaled(body, memo, stopped, logger)
+
+
+@kopf.daemon(
+    *LLMS,
+    id="adapters",
+    cancellation_timeout=10.0,
+    when=lambda spec, **_: handlers.wants_adapters(spec),
+)
+async def adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
+    await handlers.keep_adapters(body, memo, stopped, logger)
 
 
 @kopf.on.event(*LLMS, id="spec-changed")

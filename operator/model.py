@@ -64,6 +64,11 @@ OWNED_FLAGS = (
     "api-key-file",
     "tensor-parallel-size",
     "drain-timeout",
+    "enable-lora",
+    "max-loras",
+    "max-lora-rank",
+    "max-cpu-loras",
+    "lora-adapters-file",
 )
 OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 
@@ -244,7 +249,7 @@ class EngineSpec(Model):
         max_length=64,
         description="More `pagoda serve` flags, appended verbatim. Flags the operator "
         "sets from typed fields (--host, --port, --served-model-name, --api-key, "
-        "--tensor-parallel-size, --drain-timeout) are rejected.",
+        "--tensor-parallel-size, --drain-timeout, the LoRA flags) are rejected.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
@@ -403,6 +408,63 @@ class DrainSpec(Model):
         le=120,
         description="Before SIGTERM the pod keeps serving this long, so that endpoints "
         "and load balancers stop routing to it first.",
+    )
+
+
+# -- LoRA adapters --------------------------------------------------------------
+
+# What `model` selects in a request; the runtime's own rule, kept to a DNS-ish
+# length so it also fits Event messages and status entries.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ADAPTER_NAME_MAX = 63
+MAX_ADAPTERS = 64
+# hf://org/repo[/subfolder], pvc://claim[/path], or an absolute path in the pod.
+ADAPTER_SOURCE_PATTERN = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(/[^/]+)*"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/]+)*"
+    r"|/.+)$"
+)
+UNIQUE_ADAPTERS_MESSAGE = "adapter names must be unique"
+HF_ADAPTER_MESSAGE = "an hf:// adapter is read from a mounted cache: set modelCache.claimName"
+
+
+class AdapterSpec(Model):
+    """A LoRA adapter (PEFT folder) every pod serves under `name`."""
+
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=ADAPTER_NAME_MAX,
+        pattern=ADAPTER_NAME_PATTERN,
+        description="What clients send as `model` to use the adapter.",
+    )
+    source: str = Field(
+        ...,
+        min_length=1,
+        max_length=512,
+        pattern=ADAPTER_SOURCE_PATTERN,
+        description="The PEFT folder: `pvc://claim/path` (the model's claim, or another one "
+        "mounted read-only), `hf://org/repo[/subfolder]` (read from modelCache, never "
+        "downloaded), or an absolute path inside the pod (the image, or the model volume at "
+        "/mnt/models).",
+    )
+
+
+class LoRASpec(Model):
+    """The pods' LoRA capacity. Changing it restarts the pods; changing `adapters` does not."""
+
+    max_loras: int = Field(
+        4, ge=1, le=64, description="Adapters active in one batch (`--max-loras`)."
+    )
+    max_lora_rank: int = Field(
+        16, ge=1, le=512, description="Highest adapter rank served (`--max-lora-rank`)."
+    )
+    max_cpu_loras: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Adapters kept in host memory per pod, LRU beyond, reread from their "
+        "folder when needed again (`--max-cpu-loras`). Default: twice maxLoras.",
     )
 
 
@@ -609,6 +671,12 @@ class LLMServiceSpec(Model):
                     "an hf:// model is read from a mounted cache: set modelCache.claimName",
                     ".modelCache",
                 ),
+                cel(
+                    "!has(self.adapters) || has(self.modelCache)"
+                    " || self.adapters.all(a, !a.source.startsWith('hf://'))",
+                    HF_ADAPTER_MESSAGE,
+                    ".modelCache",
+                ),
             ]
         }
     )
@@ -686,6 +754,29 @@ class LLMServiceSpec(Model):
     autoscaling: AutoscalingSpec | None = Field(
         None, description="Scale replicas on queue depth (unset: replicas stay as written)."
     )
+    lora: LoRASpec | None = Field(
+        None,
+        description="Serve LoRA adapters (on when set or when `adapters` is not empty).",
+    )
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        max_length=MAX_ADAPTERS,
+        description="LoRA adapters every pod serves. Changes are hot-loaded into running "
+        "pods (no restart); restarted and new pods load them before they turn Ready.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.all(a, self.exists_one(b, b.name == a.name))", UNIQUE_ADAPTERS_MESSAGE),
+            ]
+        },
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(UNIQUE_ADAPTERS_MESSAGE)
+        return adapters
 
     @model_validator(mode="after")
     def _cross_field(self) -> LLMServiceSpec:
@@ -707,7 +798,14 @@ class LLMServiceSpec(Model):
                 ".modelCache",
                 "an hf:// model is read from a mounted cache: set modelCache.claimName",
             )
+        if self.model_cache is None and any(a.source.startswith("hf://") for a in self.adapters):
+            raise RuleError(".modelCache", HF_ADAPTER_MESSAGE)
         return self
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the pods run with LoRA (a pod-level setting: flipping it restarts them)."""
+        return self.lora is not None or bool(self.adapters)
 
 
 def check_gpus(gpus: int, tensor_parallel_size: int, allow_unused: bool) -> None:
@@ -765,6 +863,15 @@ class AutoscalingStatus(Model):
     last_decision: ScaleDecision | None = None
 
 
+class AdapterStatus(Model):
+    """How many ready pods serve one adapter (status.adapters)."""
+
+    name: str
+    ready_pods: int = Field(0, description="Ready pods serving the adapter.")
+    failed_pods: int = Field(0, description="Ready pods that refused it after repeated attempts.")
+    message: str = Field("", description="The runtime's last error, if any.")
+
+
 class LLMServiceStatus(Model):
     """What the operator observed; written only by the operator."""
 
@@ -778,6 +885,7 @@ class LLMServiceStatus(Model):
     endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI API.")
     conditions: list[Condition] = Field(default_factory=list)
     autoscaling: AutoscalingStatus | None = None
+    adapters: list[AdapterStatus] | None = None
 
 
 def unknown_fields(model: type[BaseModel], data: Any, path: str = "spec") -> list[str]:

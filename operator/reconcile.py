@@ -122,6 +122,7 @@ async def reconcile(
     previous: Mapping[str, Any],
     now: datetime.datetime,
     scaling: tuple[bool, str, str] | None = None,
+    adapters: tuple[bool | None, str, str] | None = None,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
@@ -198,5 +199,8 @@ async def reconcile(
         now=now,
         unschedulable_grace=config.unschedulable_grace_seconds,
         scaling=scaling if builtin_autoscaling(llms) else None,
+        adapters=(adapters or (None, "Pending", "adapters not checked yet"))
+        if llms.spec.lora_enabled
+        else None,
     )
     return Outcome(status, writes, ignored_fields=llms.ignored_fields)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+from pagoda.operator.pod_http import PodHttp, PodHttpError
 from pagoda.operator.scaler import PodSample
 from pagoda.operator.status import pod_ready
 from prometheus_client.parser import text_string_to_metric_families
@@ -95,22 +95,30 @@ def parse_metrics(text: str) -> PodSample:
     )
 
 
-def metrics_url(pod: Mapping[str, Any]) -> str | None:
-    """Where a pod's metrics are: its IP, the port and path of its scrape annotations.
+def base_url(pod: Mapping[str, Any]) -> str | None:
+    """The runtime's HTTP root on a pod: its IP and the port of its scrape annotation.
 
-    The runtime pods carry the `prometheus.io/port` and `prometheus.io/path`
-    annotations a Prometheus reads; the operator reads the same ones, so the
-    two always agree. None for a pod without an IP.
+    The runtime serves its API and its metrics on one port (as vLLM does),
+    and the pods carry the `prometheus.io/port` annotation a Prometheus
+    reads; the operator reads the same one, so the two always agree. None
+    for a pod without an IP.
     """
-    meta = pod.get("metadata") or {}
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
-    annotations = meta.get("annotations") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
     port = annotations.get("prometheus.io/port") or "8000"
-    path = annotations.get("prometheus.io/path") or "/metrics"
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}{path}"
+    return f"http://{host}:{port}"
+
+
+def metrics_url(pod: Mapping[str, Any]) -> str | None:
+    """Where a pod's metrics are: `base_url` and its `prometheus.io/path` annotation."""
+    root = base_url(pod)
+    if root is None:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return root + (annotations.get("prometheus.io/path") or "/metrics")
 
 
 def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
@@ -151,31 +159,18 @@ async def scrape(
 
 
 class HttpFetch:
-    """`Fetch` over HTTP with one aiohttp session (one connection per scrape, no pool).
-
-    No keep-alive: pods come and go, and a pooled connection to a pod that
-    was replaced at the same address would read another pod's metrics.
-    """
+    """`Fetch` over HTTP (`PodHttp`): a 200 with a bounded UTF-8 body, else ScrapeError."""
 
     def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
+        self._http = PodHttp()
 
     async def __call__(self, url: str, timeout: float) -> str:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True), trust_env=False
-            )
         try:
-            async with self._session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as response:
-                if response.status != 200:
-                    raise ScrapeError("HTTPError", f"{url} answered {response.status}")
-                body = await response.content.read(MAX_BODY + 1)
-        except TimeoutError:
-            raise ScrapeError("Timeout", f"{url}: no answer within {timeout:g} s") from None
-        except aiohttp.ClientError as e:
-            raise ScrapeError("Unreachable", f"{url}: {e}") from None
+            status, body = await self._http.request("GET", url, timeout, max_body=MAX_BODY)
+        except PodHttpError as e:
+            raise ScrapeError(e.reason, str(e)) from None
+        if status != 200:
+            raise ScrapeError("HTTPError", f"{url} answered {status}")
         if len(body) > MAX_BODY:
             raise ScrapeError("Malformed", f"{url}: body over {MAX_BODY} bytes")
         try:
@@ -185,5 +180,4 @@ class HttpFetch:
 
     async def close(self) -> None:
         """Close the session (operator shutdown)."""
-        if self._session is not None:
-            await self._session.close()
+        await self._http.close()

@@ -221,11 +221,14 @@ def compute(
     now: datetime.datetime,
     unschedulable_grace: float = 300.0,
     scaling: tuple[bool, str, str] | None = None,
+    adapters: tuple[bool | None, str, str] | None = None,
 ) -> dict[str, Any]:
     """The full status from the applied children, the pods and the endpoints.
 
     `scaling` is the built-in autoscaler's health (active, reason, message),
     None when it does not run: it becomes the `ScalingActive` condition.
+    `adapters` is the adapter loop's (ready or None for unknown, reason,
+    message), None without LoRA: it becomes `AdaptersReady`.
     """
     gen = llms.generation
     old = previous.get("conditions") or []
@@ -276,8 +279,36 @@ def compute(
         "updatedReplicas": dep_status.get("updatedReplicas") or 0,
         "selector": selector,
         "endpoint": endpoint,
-        "conditions": [ready, prog, degraded, *scaling_condition(scaling, now, old, gen)],
+        "conditions": [
+            ready,
+            prog,
+            degraded,
+            *scaling_condition(scaling, now, old, gen),
+            *adapters_condition(adapters, now, old, gen),
+        ],
     }
+
+
+def adapters_condition(
+    adapters: tuple[bool | None, str, str] | None,
+    now: datetime.datetime,
+    previous: Iterable[Mapping[str, Any]],
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`AdaptersReady`: every ready pod serves every adapter of the spec."""
+    if adapters is None:
+        return []
+    ready, reason, message = adapters
+    out = condition("AdaptersReady", bool(ready), reason, message, now, previous, generation)
+    if ready is None:
+        # Unknown until a pod can be asked; its transition time moves as any flip's.
+        out["status"] = "Unknown"
+        for old in previous:
+            if old.get("type") == "AdaptersReady" and old.get("status") == "Unknown":
+                out["lastTransitionTime"] = (
+                    old.get("lastTransitionTime") or out["lastTransitionTime"]
+                )
+    return [out]
 
 
 def scaling_condition(
@@ -323,6 +354,8 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[tup
     old = {c.get("type"): c for c in previous.get("conditions") or []}
     events = []
     for cond in new.get("conditions", []):
+        if cond["type"] == "AdaptersReady":
+            continue  # the adapter loop posts its own Events, pod by pod
         before = old.get(cond["type"], {})
         moved = (before.get("status"), before.get("reason")) != (cond["status"], cond["reason"])
         if not moved:

@@ -10,9 +10,9 @@ from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import LLMService
-from pagoda.operator.render.configmap import render_configmap
+from pagoda.operator.render.configmap import render_adapters_configmap, render_configmap
 from pagoda.operator.render.deployment import render_deployment
-from pagoda.operator.render.labels import pdb_name
+from pagoda.operator.render.labels import adapters_configmap_name, pdb_name
 from pagoda.operator.render.pdb import render_pdb, wants_pdb
 from pagoda.operator.render.scaledobject import (
     API_VERSION,
@@ -46,6 +46,11 @@ def render_children(llms: LLMService, config: OperatorConfig) -> Children:
     """Every child of an LLMService. The ConfigMap comes before the pods that read it."""
     present = [render_configmap(llms), render_service(llms), render_deployment(llms, config)]
     absent = []
+    # Before the pods that mount it; kept while LoRA is on, even with no adapter.
+    if llms.spec.lora_enabled:
+        present.insert(1, render_adapters_configmap(llms))
+    else:
+        absent.append(ObjectRef("v1", "ConfigMap", llms.namespace, adapters_configmap_name(llms)))
     if wants_pdb(llms):
         present.append(render_pdb(llms))
     else:

@@ -1,4 +1,4 @@
-"""The ConfigMap of engine arguments, consumed by the runtime as PAGODA_* variables.
+"""The ConfigMaps: engine arguments (PAGODA_* variables) and the LoRA adapters file.
 
 Every engine flag of `pagoda serve` has a PAGODA_* environment twin, so the pod
 loads the whole engine configuration with one `envFrom`. A hash of this data is stamped on
@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from pagoda.operator.llmservice import LLMService
-from pagoda.operator.render.labels import configmap_name, metadata
+from pagoda.operator.render.labels import adapters_configmap_name, configmap_name, metadata
+from pagoda.operator.render.paths import ADAPTERS_FILE_KEY, adapter_path
 
 
 def _number(value: float) -> str:
@@ -53,4 +54,25 @@ def render_configmap(llms: LLMService) -> dict[str, Any]:
         "kind": "ConfigMap",
         "metadata": metadata(llms, configmap_name(llms)),
         "data": engine_env(llms),
+    }
+
+
+def adapters_file(llms: LLMService) -> str:
+    """The runtime's `--lora-adapters-file`: a JSON list of {name, path}, one per line."""
+    entries = [
+        json.dumps({"name": a.name, "path": adapter_path(llms, a.source)}, sort_keys=True)
+        for a in llms.spec.adapters
+    ]
+    return "[\n" + ",\n".join(entries) + "\n]\n" if entries else "[]\n"
+
+
+def render_adapters_configmap(llms: LLMService) -> dict[str, Any]:
+    """The ConfigMap `NAME-adapters`, mounted as a volume: the kubelet updates the file
+    in running pods and the runtime converges on it, so its content is kept out of
+    every pod-template hash (an adapter change never restarts a pod)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(llms, adapters_configmap_name(llms)),
+        "data": {ADAPTERS_FILE_KEY: adapters_file(llms)},
     }

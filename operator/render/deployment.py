@@ -19,21 +19,31 @@ from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import LLMService, rollout_strategy
+from pagoda.operator.model import LoRASpec
 from pagoda.operator.render.configmap import config_hash, engine_env
 from pagoda.operator.render.labels import (
     RUNTIME_PORT,
+    adapters_configmap_name,
     configmap_name,
     deployment_name,
     labels,
     metadata,
     selector_labels,
 )
+from pagoda.operator.render.paths import (
+    ADAPTER_CLAIMS_MOUNT,
+    ADAPTERS_FILE_KEY,
+    ADAPTERS_FILE_MOUNT,
+    HF_CACHE_MOUNT,
+    MODEL_MOUNT,
+    adapter_claims,
+    adapter_path,
+    model_claim,
+)
 
 CONFIG_HASH_ANNOTATION = "pagoda.dev/engine-config-hash"
 # A digest of the pod template: pods carrying the current one run the current spec.
 TEMPLATE_HASH_ANNOTATION = "pagoda.dev/template-hash"
-MODEL_MOUNT = "/mnt/models"
-HF_CACHE_MOUNT = "/var/cache/pagoda/huggingface"
 RUNTIME_UID = 1000
 # Time between the runtime's drain deadline and SIGKILL: exiting takes a moment.
 EXIT_MARGIN_SECONDS = 10
@@ -46,26 +56,64 @@ def model_argument(llms: LLMService) -> str:
     if model.startswith("hf://"):
         return model.removeprefix("hf://")  # resolved in HF_HOME, offline
     if model.startswith("pvc://"):
-        _, _, path = model.removeprefix("pvc://").partition("/")
-        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+        return adapter_path(llms, model)  # the same rule: the claim is mounted at MODEL_MOUNT
     return model
 
 
+def _claim_volume(name: str, claim: str) -> dict[str, Any]:
+    return {"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+
+
+def _adapter_volume_name(claim: str) -> str:
+    # A volume name is a DNS label; a claim name may be a 253-character subdomain.
+    return "lora-" + hashlib.sha256(claim.encode()).hexdigest()[:12]
+
+
 def _model_volumes(llms: LLMService) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Volumes and mounts that bring the model's weights into the pod."""
-    model = llms.spec.model
-    if model.startswith("pvc://"):
-        claim = model.removeprefix("pvc://").partition("/")[0]
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return [volume], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}]
-    if model.startswith("hf://") and llms.spec.model_cache:
-        claim = llms.spec.model_cache.claim_name
-        volume = {
-            "name": "hf-cache",
-            "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
-        }
-        return [volume], [{"name": "hf-cache", "mountPath": HF_CACHE_MOUNT, "readOnly": True}]
-    return [], []
+    """Volumes and mounts that bring the model's weights (and adapters) into the pod.
+
+    The volumes depend on which claims hold adapters, not on the adapter
+    list: adding an adapter on a claim already mounted changes no pod.
+    """
+    volumes, mounts = [], []
+    claim = model_claim(llms)
+    if claim is not None:
+        volumes.append(_claim_volume("model", claim))
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    if llms.spec.model_cache and (llms.spec.model.startswith("hf://") or llms.spec.lora_enabled):
+        volumes.append(_claim_volume("hf-cache", llms.spec.model_cache.claim_name))
+        mounts.append({"name": "hf-cache", "mountPath": HF_CACHE_MOUNT, "readOnly": True})
+    for claim in adapter_claims(llms):
+        name = _adapter_volume_name(claim)
+        volumes.append(_claim_volume(name, claim))
+        mounts.append(
+            {"name": name, "mountPath": f"{ADAPTER_CLAIMS_MOUNT}/{claim}", "readOnly": True}
+        )
+    if llms.spec.lora_enabled:
+        volumes.append({"name": "adapters", "configMap": {"name": adapters_configmap_name(llms)}})
+        mounts.append({"name": "adapters", "mountPath": ADAPTERS_FILE_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def lora_arguments(llms: LLMService) -> list[str]:
+    """`pagoda serve` flags for LoRA: capacity, and the adapters file to converge on."""
+    spec = llms.spec
+    if not spec.lora_enabled:
+        return []
+    lora = spec.lora or LoRASpec()
+    args = [
+        "--enable-lora",
+        "--max-loras",
+        str(lora.max_loras),
+        "--max-lora-rank",
+        str(lora.max_lora_rank),
+        "--lora-adapters-file",
+        f"{ADAPTERS_FILE_MOUNT}/{ADAPTERS_FILE_KEY}",
+    ]
+    # Not derived from the adapter count: that would restart pods on a list change.
+    if lora.max_cpu_loras is not None:
+        args += ["--max-cpu-loras", str(max(lora.max_cpu_loras, lora.max_loras))]
+    return args
 
 
 def _env(llms: LLMService) -> list[dict[str, Any]]:
@@ -78,7 +126,7 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
             }
         )
-    if llms.spec.model.startswith("hf://"):
+    if llms.spec.model.startswith("hf://") or (llms.spec.model_cache and llms.spec.lora_enabled):
         # Read the mounted cache only: a pod must never download weights on start.
         env += [
             {"name": "HF_HOME", "value": HF_CACHE_MOUNT},
@@ -183,6 +231,7 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
             str(spec.tensor_parallel_size),
             "--drain-timeout",
             str(spec.drain.timeout_seconds),
+            *lora_arguments(llms),
             *spec.engine.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],

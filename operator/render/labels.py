@@ -28,6 +28,11 @@ def configmap_name(llms: LLMService) -> str:
     return f"{llms.name}-engine"
 
 
+def adapters_configmap_name(llms: LLMService) -> str:
+    """The ConfigMap holding the LoRA adapters file (mounted, not part of the pod template)."""
+    return f"{llms.name}-adapters"
+
+
 def pdb_name(llms: LLMService) -> str:
     """The PodDisruptionBudget (only while replicas > 1)."""
     return llms.name

@@ -86,7 +86,6 @@ def test_subresources_printer_columns_and_names() -> None:
 
 
 def test_status_has_only_fields_the_operator_writes() -> None:
-    # The LoRA feature adds its fields together with the code that writes them.
     status = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     props = status["status"]["properties"]
     written = {
@@ -97,7 +96,8 @@ def test_status_has_only_fields_the_operator_writes() -> None:
         "selector",
         "endpoint",
         "conditions",
-        "autoscaling",
+        "autoscaling",  # the autoscaler loop (operator/autoscaler.py)
+        "adapters",  # the adapter loop (operator/adapters.py)
     }
     assert set(props) == written
     conditions = props["conditions"]

@@ -355,10 +355,10 @@ async def test_fields_of_a_newer_crd_are_ignored_with_a_log_line(
     operator: ApiServer, caplog: Any
 ) -> None:
     caplog.set_level("WARNING")
-    await create(operator, llmservice(adapters=[{"name": "sql-lora"}], futureKnob=3))
+    await create(operator, llmservice(guardrails=[{"name": "pii"}], futureKnob=3))
     await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
     await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
-    await eventually(lambda: "spec.adapters, spec.futureKnob" in caplog.text)
+    await eventually(lambda: "spec.guardrails, spec.futureKnob" in caplog.text)
     assert "ignoring fields this operator does not know" in caplog.text
 
 

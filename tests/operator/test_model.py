@@ -139,6 +139,37 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
         {**BASE, "autoscaling": {"maxReplicas": 4, "scaleDown": {"stabilizationSeconds": -5}}},
         "spec.autoscaling.scaleDown.stabilizationSeconds",
     ),
+    # LoRA adapters: unique names, a source pattern, hf:// needs the cache, at most 64.
+    ({**BASE, "adapters": [{"name": "sql", "source": "pvc://loras/sql"}]}, None),
+    ({**BASE, "adapters": [{"name": "sql", "source": "/opt/loras/sql"}]}, None),
+    ({**BASE, "lora": {"maxLoras": 2, "maxLoraRank": 64}}, None),
+    (
+        {
+            **BASE,
+            "adapters": [
+                {"name": "sql", "source": "/a"},
+                {"name": "sql", "source": "/b"},
+            ],
+        },
+        "spec.adapters",
+    ),
+    ({**BASE, "adapters": [{"name": "bad name", "source": "/a"}]}, "spec.adapters[0].name"),
+    ({**BASE, "adapters": [{"name": "sql", "source": "s3://x/y"}]}, "spec.adapters[0].source"),
+    ({**BASE, "adapters": [{"name": "sql", "source": "hf://org/sql-lora"}]}, "spec.modelCache"),
+    (
+        {
+            **BASE,
+            "modelCache": {"claimName": "hf"},
+            "adapters": [{"name": "sql", "source": "hf://org/sql-lora/sub"}],
+        },
+        None,
+    ),
+    (
+        {**BASE, "adapters": [{"name": f"a{i}", "source": "/a"} for i in range(65)]},
+        "spec.adapters",
+    ),
+    ({**BASE, "lora": {"maxLoras": 0}}, "spec.lora.maxLoras"),
+    ({**BASE, "engine": {"extraArgs": ["--max-loras=8"]}}, "spec.engine.extraArgs"),
 ]
 
 
@@ -182,14 +213,16 @@ def test_unknown_fields_are_ignored_and_listed_not_rejected() -> None:
     # A newer CRD's fields: an older operator keeps serving the object.
     spec = {
         **BASE,
-        "adapters": [{"name": "sql"}],
+        "guardrails": [{"name": "pii"}],
+        "adapters": [{"name": "sql", "source": "/a", "rank": 8}],
         "engine": {"maxModelLen": 512, "speculative": {"k": 4}},
         "env": [{"name": "A", "value": "1", "secretRef": "x"}],
     }
     llms = parse(body(spec), OperatorConfig())
     assert llms.spec.engine.max_model_len == 512
     assert llms.ignored_fields == (
-        "spec.adapters",
+        "spec.guardrails",
+        "spec.adapters[0].rank",
         "spec.engine.speculative",
         "spec.env[0].secretRef",
     )
@@ -222,3 +255,11 @@ def test_name_must_be_a_dns_label() -> None:
         parse(body(BASE, name="9lives"), OperatorConfig())
     assert e.value.field == "metadata.name"
     assert check(body(BASE, name="9lives"))
+
+
+def test_an_adapter_may_not_take_the_served_model_name() -> None:
+    spec = {**BASE, "adapters": [{"name": "chat", "source": "/a"}]}
+    with pytest.raises(InvalidSpec) as caught:
+        parse(body(spec, name="chat"), OperatorConfig())
+    assert caught.value.field == "spec.adapters[0].name"
+    parse(body({**spec, "servedModelName": "base"}, name="chat"), OperatorConfig())

@@ -6,6 +6,13 @@ the environment Kubernetes would give it: `env` (values, Secret and
 ConfigMap keys, the downward API), `envFrom`, plus the image's environment.
 The image is this virtualenv: `command[0]` is looked up in its bin folder.
 
+ConfigMap volumes are projected as the kubelet does (each key a symlink into
+a `..data` folder that is swapped atomically) into the pod's folder, and kept
+up to date while the pod runs: a changed ConfigMap reaches the running
+container's files, never its environment. A pod has its own mount namespace
+on a real node; here the kubelet rewrites an argument that names a path
+under a ConfigMap volume's mountPath to the projected folder.
+
 A pod has its own network namespace on a real node; here each pod gets its
 own loopback address instead (`network.AddressPool`), and the one thing the
 kubelet changes in the command is the listen address: `--host 0.0.0.0` (or
@@ -90,6 +97,10 @@ class PodProcess:
     started_up: bool = False
     stopping: bool = False
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    # The pod's volumes (spec.volumes) and, per projected ConfigMap volume,
+    # the resourceVersion last written into its folder.
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    projected: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -216,6 +227,7 @@ class Kubelet:
             grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)),
             workdir=workdir,
             tmpdir=Path(tempfile.mkdtemp(prefix="kubesim-")),
+            volumes=list(spec.get("volumes") or []),
         )
         handle.task = asyncio.create_task(self._run(handle), name=f"pod {meta['name']}")
         self._pods[meta["namespace"], meta["name"]] = handle
@@ -247,6 +259,9 @@ class Kubelet:
                     if liveness_failures >= threshold:
                         log.warning("pod %s: liveness probe failed, restarting", handle.name)
                         self._kill_group(handle)  # the loop sees the exit and restarts
+                if handle.process is not None:
+                    with contextlib.suppress(ConfigError):  # deleted: the files stay
+                        self._project_volumes(handle)
                 await asyncio.sleep(self.probe_interval)
         finally:
             await self._terminate(handle)
@@ -281,6 +296,7 @@ class Kubelet:
                     return False
         try:
             env = self._environment(handle)
+            self._project_volumes(handle)
         except ConfigError as e:
             handle.waiting = "CreateContainerConfigError"
             await self._report(handle, message=str(e))
@@ -331,8 +347,69 @@ class Kubelet:
                 arg = handle.ip
             elif arg == "--host=0.0.0.0":
                 arg = f"--host={handle.ip}"
+            else:
+                arg = self._mounted_path(handle, arg)
             rewritten.append(arg)
         return command + rewritten
+
+    # ------------------------------------------------------------ volumes
+    def _config_map_mounts(self, handle: PodProcess) -> list[tuple[str, str, str]]:
+        """(volume name, ConfigMap name, mountPath) of the container's ConfigMap volumes."""
+        by_name = {v.get("name"): v for v in handle.volumes}
+        out = []
+        for mount in handle.container.get("volumeMounts") or []:
+            source = (by_name.get(mount.get("name")) or {}).get("configMap")
+            if source is not None:
+                out.append((mount["name"], source["name"], mount["mountPath"].rstrip("/")))
+        return out
+
+    def _volume_dir(self, handle: PodProcess, volume: str) -> Path:
+        return handle.workdir / "volumes" / volume
+
+    def _mounted_path(self, handle: PodProcess, arg: str) -> str:
+        """`arg` with a ConfigMap volume's mountPath replaced by its folder here."""
+        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        for volume, _, mount in self._config_map_mounts(handle):
+            if value == mount or value.startswith(mount + "/"):
+                local = str(self._volume_dir(handle, volume)) + value[len(mount) :]
+                return f"{flag}{eq}{local}" if eq else local
+        return arg
+
+    def _project_volumes(self, handle: PodProcess) -> None:
+        """Write each ConfigMap volume whose ConfigMap changed, the kubelet's way:
+        the keys are symlinks into `..data`, which is swapped in one rename, so a
+        reader sees the old files or the new ones, never half of each."""
+        for volume, name, _ in self._config_map_mounts(handle):
+            found = self.server.get_object("v1/configmaps", handle.namespace, name)
+            if found is None:
+                raise ConfigError(f'configmap "{name}" not found')
+            version = str(found["metadata"].get("resourceVersion"))
+            if handle.projected.get(volume) == version:
+                continue
+            folder = self._volume_dir(handle, volume)
+            folder.mkdir(parents=True, exist_ok=True)
+            stamp = f"..{time.time_ns()}"
+            (folder / stamp).mkdir()
+            data = found.get("data") or {}
+            for key, value in data.items():
+                (folder / stamp / key).write_text(value)
+            (folder / "..data_tmp").unlink(missing_ok=True)
+            os.symlink(stamp, folder / "..data_tmp")
+            old = os.readlink(folder / "..data") if (folder / "..data").is_symlink() else None
+            os.replace(folder / "..data_tmp", folder / "..data")
+            for key in data:
+                if not (folder / key).is_symlink():
+                    os.symlink(f"..data/{key}", folder / key)
+            for entry in folder.iterdir():
+                if (
+                    entry.is_symlink()
+                    and entry.name not in data
+                    and not entry.name.startswith("..")
+                ):
+                    entry.unlink()
+            if old:
+                shutil.rmtree(folder / old, ignore_errors=True)
+            handle.projected[volume] = version
 
     def _environment(self, handle: PodProcess) -> dict[str, str]:
         container = handle.container

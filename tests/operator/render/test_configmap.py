@@ -74,3 +74,28 @@ def test_every_variable_is_one_the_runtime_reads() -> None:
         }
     )["data"]
     assert set(full) <= known, set(full) - known
+
+
+def test_the_adapters_file_lists_pod_paths_in_spec_order() -> None:
+    import json
+
+    from pagoda.operator.render.configmap import render_adapters_configmap
+    from pagoda.runtime.entrypoints.openai.lora_file import parse_adapters_file
+
+    body = {
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "u"},
+        "spec": {
+            "model": "pvc://models/base",
+            "adapters": [
+                {"name": "sql", "source": "pvc://models/loras/sql"},
+                {"name": "chat-fr", "source": "/opt/fr"},
+            ],
+        },
+    }
+    cm = render_adapters_configmap(parse(body, OperatorConfig()))
+    kubernetes_validate.validate(cm, "1.30", strict=True)
+    assert cm["metadata"]["name"] == "chat-adapters"
+    text = cm["data"]["adapters.json"]
+    # The runtime's own parser reads what the operator writes.
+    assert parse_adapters_file(text) == {"sql": "/mnt/models/loras/sql", "chat-fr": "/opt/fr"}
+    assert json.loads(text)[0] == {"name": "sql", "path": "/mnt/models/loras/sql"}

@@ -342,3 +342,78 @@ def test_engine_env_is_what_the_config_hash_covers() -> None:
     env = engine_env(parse(body, CONFIG))
     annotations = render()["spec"]["template"]["metadata"]["annotations"]
     assert annotations[CONFIG_HASH_ANNOTATION] == config_hash(env)
+
+
+# -- LoRA ---------------------------------------------------------------------
+
+
+def template_hash_of(deployment: dict[str, Any]) -> str:
+    return deployment["spec"]["template"]["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+
+
+def test_lora_flags_and_the_adapters_file_volume() -> None:
+    d = render(adapters=[{"name": "sql", "source": "/opt/sql"}], lora={"maxLoras": 2})
+    args = container(d)["args"]
+    flags = dict(zip(args[1::2], args[2::2], strict=False))
+    assert "--enable-lora" in args
+    assert args[args.index("--max-loras") + 1] == "2"
+    assert args[args.index("--max-lora-rank") + 1] == "16"
+    assert "--max-cpu-loras" not in args  # the runtime's default: twice --max-loras
+    assert args[args.index("--lora-adapters-file") + 1] == "/etc/pagoda/adapters/adapters.json"
+    assert flags  # the flags come before extraArgs, as every owned flag
+    assert {"name": "adapters", "configMap": {"name": "chat-adapters"}} in pod(d)["volumes"]
+    assert {
+        "name": "adapters",
+        "mountPath": "/etc/pagoda/adapters",
+        "readOnly": True,
+    } in container(d)["volumeMounts"]
+
+
+def test_no_lora_no_flags_no_volume() -> None:
+    d = render()
+    assert "--enable-lora" not in container(d)["args"]
+    assert "volumes" not in pod(d)
+
+
+def test_changing_adapters_rolls_no_pod_but_turning_lora_on_does() -> None:
+    one = render(adapters=[{"name": "a", "source": "/opt/a"}])
+    many = render(adapters=[{"name": f"a{i}", "source": f"/opt/a{i}"} for i in range(20)])
+    assert template_hash_of(one) == template_hash_of(many)
+    two = render(
+        adapters=[{"name": "a", "source": "/opt/a2"}, {"name": "b", "source": "pvc://models/b"}],
+        lora={"maxCpuLoras": 2},
+    )
+    # Another adapter on a claim already mounted, or none, changes no template.
+    assert template_hash_of(one) == template_hash_of(render(lora={}))
+    assert template_hash_of(two) != template_hash_of(render())  # LoRA on: new flags
+    same_claims = render(
+        adapters=[{"name": "x", "source": "pvc://models/x"}], lora={"maxCpuLoras": 2}
+    )
+    assert template_hash_of(two) == template_hash_of(same_claims)
+
+
+def test_adapters_on_another_claim_mount_it_read_only() -> None:
+    d = render(
+        model="pvc://models/base",
+        adapters=[
+            {"name": "a", "source": "pvc://models/loras/a"},  # the model's claim: no new volume
+            {"name": "b", "source": "pvc://loras/b"},
+        ],
+    )
+    claims = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod(d)["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["models", "loras"]
+    mounts = {m["mountPath"] for m in container(d)["volumeMounts"]}
+    assert {"/mnt/models", "/mnt/adapters/loras", "/etc/pagoda/adapters"} <= mounts
+
+
+def test_hf_adapters_read_the_model_cache_offline() -> None:
+    d = render(
+        modelCache={"claimName": "hf"},
+        adapters=[{"name": "a", "source": "hf://org/lora"}],
+    )
+    env = {e["name"]: e.get("value") for e in container(d)["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/var/cache/pagoda/huggingface"

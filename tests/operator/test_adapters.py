@@ -1,0 +1,193 @@
+"""The adapter loop: plans, per-adapter status, the condition, Events, retries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pagoda.operator.adapters import (
+    FAILURE_THRESHOLD,
+    AdapterSync,
+    PodCallError,
+    plan,
+    summarize,
+)
+from pagoda.operator.config import OperatorConfig
+from pagoda.operator.llmservice import parse
+
+
+def test_plan_loads_the_missing_replaces_the_moved_and_unloads_the_rest() -> None:
+    todo = plan({"a": "/a", "b": "/b2", "c": "/c"}, {"b": "/b1", "c": "/c", "old": "/o"})
+    assert todo.load == (("a", "/a"), ("b", "/b2"))
+    assert todo.unload == ("old",)
+    assert plan({"a": "/a"}, {"a": "/a"}) == plan({}, {})
+
+
+def test_summary_counts_ready_and_failed_pods_per_adapter() -> None:
+    desired = {"a": "/a", "b": "/b"}
+    pods = {"p1": {"a": "/a", "b": "/b"}, "p2": {"a": "/a"}, "p3": None}
+    entries, health = summarize(desired, pods, {("p2", "b"): "rank 32 above 16"})
+    assert entries == [
+        {"name": "a", "readyPods": 2, "failedPods": 0, "message": ""},
+        {"name": "b", "readyPods": 1, "failedPods": 1, "message": "pod p2: rank 32 above 16"},
+    ]
+    assert (health.ready, health.reason) == (False, "AdapterFailed")
+    assert "adapter b on pod p2: rank 32 above 16" in health.message
+
+
+def test_summary_reasons() -> None:
+    desired = {"a": "/a"}
+    assert summarize(desired, {}, {})[1].reason == "NoReadyPods"
+    assert summarize(desired, {"p": {}}, {})[1].reason == "Loading"
+    done = summarize(desired, {"p": {"a": "/a"}, "q": {"a": "/a"}}, {})[1]
+    assert (done.ready, done.reason, done.message) == (
+        True,
+        "AdaptersLoaded",
+        "1 adapters on 2 ready pods",
+    )
+    # A pod serving another folder under the name does not count.
+    assert summarize(desired, {"p": {"a": "/elsewhere"}}, {})[1].reason == "Loading"
+
+
+def pod(name: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": {"prometheus.io/port": "8000"}},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+class FakeApi:
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.statuses: list[dict[str, Any]] = []
+
+    async def list(self, kind: str, namespace: str, labels: Any) -> list[dict[str, Any]]:
+        return self.pods
+
+    async def patch_status(self, namespace: str, name: str, changes: dict[str, Any]) -> None:
+        self.statuses.append(changes)
+
+
+class FakePods:
+    """Pods' adapter APIs by URL; `refuse` maps a path to the runtime's error."""
+
+    def __init__(self, refuse: dict[str, str] | None = None) -> None:
+        self.loaded: dict[str, dict[str, str]] = {}
+        self.refuse = refuse or {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.down: set[str] = set()
+
+    async def models(self, url: str) -> dict[str, str]:
+        if url in self.down:
+            raise PodCallError(f"{url}: connection refused")
+        return dict(self.loaded.setdefault(url, {}))
+
+    async def load(self, url: str, name: str, path: str) -> None:
+        self.calls.append(("load", url, name))
+        if path in self.refuse:
+            raise PodCallError(self.refuse[path], 400)
+        self.loaded.setdefault(url, {})[name] = path
+
+    async def unload(self, url: str, name: str) -> None:
+        self.calls.append(("unload", url, name))
+        self.loaded.get(url, {}).pop(name, None)
+
+
+def service(*adapters: tuple[str, str]) -> Any:
+    spec = {
+        "model": "smollm2-135m-instruct",
+        "adapters": [{"name": n, "source": s} for n, s in adapters],
+    }
+    body = {"metadata": {"name": "chat", "namespace": "ns"}, "spec": spec}
+    return parse(body, OperatorConfig())
+
+
+URL1, URL2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+
+
+async def test_a_pass_loads_everywhere_then_has_nothing_to_do() -> None:
+    api, pods = (
+        FakeApi([pod("p1", "10.0.0.1"), pod("p2", "10.0.0.2"), pod("p3", "10.0.0.3", ready=False)]),
+        FakePods(),
+    )
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    llms = service(("sql", "/adapters/sql"))
+    first = await sync.tick(llms, {})
+    assert sorted(pods.calls) == [("load", URL1, "sql"), ("load", URL2, "sql")]
+    assert [e[1] for e in first.events] == ["AdapterLoaded", "AdapterLoaded"]
+    assert first.converged and first.health.reason == "AdaptersLoaded"
+    assert api.statuses == [
+        {"adapters": [{"name": "sql", "readyPods": 2, "failedPods": 0, "message": ""}]}
+    ]
+    pods.calls.clear()
+    second = await sync.tick(llms, {})
+    assert pods.calls == [] and second.events == [] and len(api.statuses) == 1  # no write
+
+
+async def test_a_removed_adapter_is_unloaded_from_every_pod() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1")]), FakePods()
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    await sync.tick(service(("a", "/a"), ("b", "/b")), {})
+    result = await sync.tick(service(("a", "/a")), {})
+    assert pods.loaded[URL1] == {"a": "/a"}
+    assert [e[1] for e in result.events] == ["AdapterUnloaded"]
+    assert api.statuses[-1] == {
+        "adapters": [{"name": "a", "readyPods": 1, "failedPods": 0, "message": ""}]
+    }
+
+
+async def test_a_refused_adapter_fails_after_the_threshold_with_one_warning() -> None:
+    api = FakeApi([pod("p1", "10.0.0.1")])
+    pods = FakePods(refuse={"/bad": "adapter rank 64 is above --max-lora-rank 16"})
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    llms = service(("good", "/good"), ("bad", "/bad"))
+    warnings = []
+    for attempt in range(1, FAILURE_THRESHOLD + 3):
+        result = await sync.tick(llms, {})
+        warnings += [e for e in result.events if e[0] == "Warning"]
+        if attempt < FAILURE_THRESHOLD:
+            assert result.health.reason == "Loading"
+    assert result.health.reason == "AdapterFailed" and not result.converged
+    assert "rank 64 is above --max-lora-rank 16" in result.health.message
+    assert len(warnings) == 1 and warnings[0][1] == "AdapterFailed"
+    assert api.statuses[-1]["adapters"][1] == {
+        "name": "bad",
+        "readyPods": 0,
+        "failedPods": 1,
+        "message": "pod p1: adapter rank 64 is above --max-lora-rank 16",
+    }
+    assert pods.loaded[URL1] == {"good": "/good"}  # the others are served
+    # Fixed in the spec: the failure is forgotten.
+    fixed = await sync.tick(service(("good", "/good")), {})
+    assert fixed.health.reason == "AdaptersLoaded"
+
+
+async def test_an_unreachable_pod_is_not_counted_as_failed() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1"), pod("p2", "10.0.0.2")]), FakePods()
+    pods.down.add(URL2)
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    for _ in range(FAILURE_THRESHOLD + 1):
+        result = await sync.tick(service(("a", "/a")), {})
+    assert result.health.reason == "Loading"
+    assert api.statuses[-1]["adapters"] == [
+        {"name": "a", "readyPods": 1, "failedPods": 0, "message": ""}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("adapters", "model", "path"),
+    [
+        ([("a", "pvc://models/loras/a")], "pvc://models/base", "/mnt/models/loras/a"),
+        ([("a", "pvc://loras/a")], "smollm2-135m-instruct", "/mnt/adapters/loras/a"),
+        ([("a", "/opt/a")], "smollm2-135m-instruct", "/opt/a"),
+    ],
+)
+def test_sources_become_paths_inside_the_pod(adapters, model, path) -> None:
+    from pagoda.operator.adapters import desired_adapters
+
+    spec = {"model": model, "adapters": [{"name": n, "source": s} for n, s in adapters]}
+    llms = parse({"metadata": {"name": "chat", "namespace": "ns"}, "spec": spec}, OperatorConfig())
+    assert desired_adapters(llms) == {"a": path}
