@@ -26,7 +26,14 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 MAX_EXAMPLES = 30
 # What a generated request may ask of the engine, at most.
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "min_tokens": 2, "logprobs": 2}
-POST_ROUTES = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
+POST_ROUTES = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+]
 GET_ROUTES = ["/health", "/version", "/metrics", "/v1/models"]
 
 
@@ -56,7 +63,10 @@ def cap_generation(spec: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def fuzz_server(start_server):
-    return start_server(["--max-model-len", "128", "--max-waiting-requests", "8"])
+    # With LoRA on, so that the adapter routes meet the fuzzer with a registry
+    # behind them (random names and paths: every load must be a clean 4xx).
+    flags = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"]
+    return start_server(["--max-model-len", "128", "--max-waiting-requests", "8", *flags])
 
 
 @pytest.fixture(scope="module")
