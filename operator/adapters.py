@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,8 +25,7 @@ from pagoda.operator.api import KubeApi
 from pagoda.operator.llmservice import LLMService
 from pagoda.operator.pod_http import PodHttp, PodHttpError
 from pagoda.operator.render.paths import adapter_path
-from pagoda.operator.scrape import base_url
-from pagoda.operator.status import pod_ready
+from pagoda.operator.scrape import Target, base_url, targets
 
 # Attempts before a pod counts as failed for an adapter (a transient error,
 # such as a pod still starting, clears by itself before that).
@@ -83,27 +82,6 @@ def plan(desired: Mapping[str, str], loaded: Mapping[str, str]) -> Plan:
 def desired_adapters(llms: LLMService) -> dict[str, str]:
     """name -> path as the pods see it, in spec order."""
     return {a.name: adapter_path(llms, a.source) for a in llms.spec.adapters}
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A ready pod and its API's base URL."""
-
-    pod: str
-    url: str
-
-
-def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
-    """The ready, not terminating pods with an address."""
-    out = []
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        if meta.get("deletionTimestamp") or not pod_ready(pod):
-            continue
-        url = base_url(pod)
-        if url is not None:
-            out.append(Target(meta.get("name", "?"), url))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +156,7 @@ class AdapterSync:
         """One pass over the ready pods. Raises ApiError only for transient errors."""
         desired = desired_adapters(llms)
         pods = await self.api.list("Pod", llms.namespace, selector)
-        ready = targets(pods)
+        ready = targets(pods, base_url)
         gate = asyncio.Semaphore(self.concurrency)
         out = TickResult()
 

@@ -51,7 +51,7 @@ class ScrapeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One ready pod and where its metrics are."""
+    """One ready pod and a URL of it (its metrics, its API)."""
 
     pod: str
     url: str
@@ -121,14 +121,17 @@ def metrics_url(pod: Mapping[str, Any]) -> str | None:
     return root + (annotations.get("prometheus.io/path") or "/metrics")
 
 
-def targets(pods: Iterable[Mapping[str, Any]]) -> list[Target]:
-    """The ready, not terminating pods with an address: the ones to read."""
+def targets(
+    pods: Iterable[Mapping[str, Any]],
+    url_of: Callable[[Mapping[str, Any]], str | None] = metrics_url,
+) -> list[Target]:
+    """The ready, not terminating pods with an address, and `url_of` each."""
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
         if meta.get("deletionTimestamp") or not pod_ready(pod):
             continue
-        url = metrics_url(pod)
+        url = url_of(pod)
         if url is not None:
             out.append(Target(meta.get("name", "?"), url))
     return out

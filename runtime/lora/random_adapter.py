@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from pagoda.runtime.lora.peft import SUPPORTED_MODULES
+from pagoda.runtime.lora.peft import SUPPORTED_MODULES, module_shapes
 from pagoda.runtime.models.arch_config import ModelArchConfig
 
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -24,17 +24,7 @@ def write_random_adapter(
     """Save `adapter_config.json` and `adapter_model.safetensors` into `folder`."""
     from safetensors.torch import save_file
 
-    h, inter = arch.hidden_size, arch.intermediate_size
-    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
-    shapes = {  # (in, out) of each projection
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, inter),
-        "up_proj": (h, inter),
-        "down_proj": (inter, h),
-    }
+    shapes = module_shapes(arch)  # (in, out) of each projection
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(arch.num_hidden_layers):

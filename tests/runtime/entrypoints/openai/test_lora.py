@@ -60,14 +60,19 @@ def post(server, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=120)
 
 
-def complete(server, model: str) -> httpx.Response:
-    body = {
+def completion(model: str) -> dict:
+    """A greedy 16-token completion of PROMPT by `model` (base or adapter)."""
+    return {
         "model": model,
         "prompt": PROMPT,
         "max_tokens": 16,
         "temperature": 0,
         "ignore_eos": True,
     }
+
+
+def complete(server, model: str) -> httpx.Response:
+    body = completion(model)
     return post(server, "/v1/completions", body)
 
 
@@ -157,13 +162,7 @@ async def test_replace_and_unload_under_load_fail_nothing_and_mix_no_weights(
         post(server, "/v1/load_lora_adapter", {"lora_name": "live", "lora_path": alpha}).status_code
         == 200
     )
-    body = {
-        "model": "live",
-        "prompt": PROMPT,
-        "max_tokens": 16,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
+    body = completion("live")
     async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
 
         async def one() -> str:
@@ -204,14 +203,7 @@ async def test_more_adapters_than_slots_all_finish_with_their_own_weights(
     async with httpx.AsyncClient(base_url=server.url, timeout=180) as client:
 
         async def one(model: str) -> str:
-            body = {
-                "model": model,
-                "prompt": PROMPT,
-                "max_tokens": 16,
-                "temperature": 0,
-                "ignore_eos": True,
-            }
-            resp = await client.post("/v1/completions", json=body)
+            resp = await client.post("/v1/completions", json=completion(model))
             assert resp.status_code == 200, resp.text
             return resp.json()["choices"][0]["text"]
 
