@@ -43,6 +43,8 @@ bench: install
 	$(BIN)/python benchmarks/bench_layer_ops.py --out .bench/layer_ops.json
 	$(BIN)/python benchmarks/bench_offline.py --out .bench/offline.json
 	$(BIN)/python benchmarks/bench_serving.py --rounds 3 --result-file .bench/serving.json
+	$(BIN)/python benchmarks/bench_lora.py --out .bench/lora.json
+	$(BIN)/python benchmarks/bench_spec_decode.py --out .bench/spec_decode.json
 
 lint: install
 	$(BIN)/ruff check .
