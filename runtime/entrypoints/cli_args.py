@@ -44,7 +44,8 @@ _HELP = {
     "max_loras": "LoRA adapters active in one batch",
     "max_lora_rank": "largest LoRA rank accepted (8, 16, 32, 64, 128 or 256)",
     "max_cpu_loras": "LoRA adapters kept loaded in host memory (default: 2 x max_loras)",
-    "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
+    "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE; CPU: oneDNN "
+    "linears on prepacked weights (off: torch twins, F.linear)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
 _ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}
