@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # or it shadows the stdlib module `operator` (`python -m`/`-c` would).
 export PYTHONSAFEPATH := 1
 
-.PHONY: install serve test bench lint clean
+.PHONY: install serve test bench bench-peers lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ bench: install
 	$(BIN)/python benchmarks/bench_serving.py --rounds 3 --result-file .bench/serving.json
 	$(BIN)/python benchmarks/bench_lora.py --out .bench/lora.json
 	$(BIN)/python benchmarks/bench_spec_decode.py --out .bench/spec_decode.json
+	$(BIN)/python benchmarks/bench_step_phases.py --out .bench/step_phases.json
+
+# Pagoda against llama.cpp's llama-server (issue 13). The first run builds
+# llama-server from the llama-cpp-python sdist (cmake, ninja and a C++
+# compiler; about 15 minutes on 2 cores) into ~/.cache/pagoda-peers.
+bench-peers: install
+	PIP="$(BIN)/pip" $(BIN)/python benchmarks/peers/bench_vs_llama_server.py --rounds 3 \
+		--result-file .bench/peers.json
 
 lint: install
 	$(BIN)/ruff check .

@@ -135,8 +135,10 @@ class EngineArgs:
     # enforce_eager turns graphs off.
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
-    # CUDA: RMSNorm, SiLU-and-mul and RoPE run as Triton kernels; off forces
-    # their torch twins (pagoda.kernels.reference), e.g. to bisect a problem.
+    # CUDA: RMSNorm, SiLU-and-mul and RoPE run as Triton kernels; CPU: linear
+    # layers run oneDNN on weights prepacked at load (layers/onednn.py). Off
+    # forces the plain torch path (the twins in pagoda.kernels.reference,
+    # F.linear), e.g. to bisect a problem.
     fused_kernels: bool = True
     random_weights: bool = False
     # Extra fields of a model config, e.g. {"num_hidden_layers": 2} to shrink a

@@ -130,14 +130,19 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads, head_size = k.shape[1], query.shape[-1]
         # Query heads grouped by the KV head they share (head h reads KV head
         # h // group, as transformers' repeat_kv), so GQA needs no copies of
-        # K/V. Two einsums beat SDPA here: with a padding mask and GQA, SDPA
-        # on the CPU falls back to its unfused path (measured 4x slower in
-        # float32).
+        # K/V per query head. Two batched matmuls beat SDPA here: with a
+        # padding mask and GQA, SDPA on the CPU falls back to its unfused
+        # path (measured 4x slower in float32). K and V are made contiguous
+        # as [R, Hkv, L, D] first: a plain copy, whereas an einsum over the
+        # strided gather view copies them transposed to [R, Hkv, D, L], 5-25x
+        # slower (measured 1.0 ms against 0.04 ms per layer at 16 x 270 tokens
+        # in bf16, issue 13).
+        k, v = k.contiguous(), v.contiguous()
         q = query[tokens].view(r, num_kv_heads, -1, head_size)
-        scores = torch.einsum("rhgd,rhld->rhgl", q, k).float().mul_(scale)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
         scores.masked_fill_(plan.decode_padding[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        out[tokens] = torch.einsum("rhgl,rhld->rhgd", probs, v).reshape(r, -1, head_size)
+        out[tokens] = torch.matmul(probs, v).reshape(r, -1, head_size)
 
     @staticmethod
     def _prefill(query, kv_cache, block_ids, seq_len, scale, out) -> None:

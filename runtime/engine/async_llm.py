@@ -16,13 +16,18 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.core.outputs import EngineCoreOutputs, SchedulerStats
-from pagoda.runtime.engine.core_client import EngineCoreClient, EngineDeadError
+from pagoda.runtime.engine.core_client import (
+    EngineCoreClient,
+    EngineDeadError,
+    default_core_threads,
+)
 from pagoda.runtime.engine.lora_registry import LoRARegistry
 from pagoda.runtime.engine.output_collector import RequestOutputCollector
 from pagoda.runtime.engine.output_processor import OutputKind, OutputProcessor, ProcessedOutputs
@@ -144,6 +149,12 @@ class AsyncLLM:
         # exist; the core receives the result and resolves nothing again.
         config = args.create_engine_config()
         model_config = config.model_config
+        if (
+            num_threads is None
+            and model_config.device.type == "cpu"
+            and config.parallel_config.world_size == 1
+        ):
+            num_threads = default_core_threads(len(os.sched_getaffinity(0)))
         client = EngineCoreClient(
             config,
             num_threads=num_threads,

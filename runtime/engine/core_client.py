@@ -59,6 +59,17 @@ class EngineStartupError(RuntimeError):
     """The EngineCore process could not start; the message says why."""
 
 
+def default_core_threads(num_cpus: int) -> int:
+    """torch threads for a CPU EngineCore that shares the machine with its
+    API server: every core but one. The API process (HTTP, detokenizing,
+    streaming) is busy while the core steps, and an OpenMP thread that loses
+    its core to it stalls every parallel region at its barrier: on 2 cores,
+    2 engine threads measured 4.8x slower than 1 under serving load, and
+    5.6x slower offline (bf16, batch 1) with other work on the machine
+    (issue 13)."""
+    return max(1, num_cpus - 1)
+
+
 class EngineCoreClient:
     """Async client of one EngineCore process (TP=1: the worker lives in it)."""
 

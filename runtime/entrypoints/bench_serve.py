@@ -1,14 +1,20 @@
 """`pagoda bench serve`: load a running OpenAI-compatible server and measure it,
 in the spirit of `vllm bench serve`.
 
+Any server that speaks OpenAI's `/v1/completions` with token-id prompts and
+`ignore_eos` can be measured (`--base-url`): Pagoda, vLLM, llama.cpp's
+llama-server; the same client then measures every system.
+
 Datasets are seeded and made of token ids (the completions API takes them),
 so prompt lengths are exact without a tokenizer on the client: `random`
-(independent prompts) and `shared-prefix` (groups of prompts that share a
-long prefix, for prefix caching). Every request streams with `ignore_eos`, so
-each produces exactly --output-len tokens. Requests go out at a fixed
-concurrency, or as a Poisson process at --request-rate (optionally capped by
---max-concurrency). Reports request and token throughput and the TTFT / TPOT /
-ITL / E2E percentiles, as a table and as JSON.
+(independent prompts of `--input-len` tokens, or of a length drawn uniformly
+from [--input-len, --input-len-max]) and `shared-prefix` (groups of prompts
+that share a long prefix, each with its own suffix, for prefix caching).
+Every request streams with `ignore_eos`, so each produces exactly
+--output-len tokens. Requests go out at a fixed concurrency, or as a Poisson
+process at --request-rate (optionally capped by --max-concurrency). Reports
+request and token throughput and the TTFT / TPOT / ITL / E2E percentiles, as
+a table and as JSON.
 """
 
 from __future__ import annotations
@@ -43,16 +49,27 @@ class RequestResult:
     error: str = ""
 
 
+def _length(rng: random.Random, length: int, length_max: int | None) -> int:
+    return length if length_max is None else rng.randint(length, length_max)
+
+
 def random_dataset(
-    num_prompts: int, input_len: int, output_len: int, seed: int, vocab: tuple[int, int]
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    vocab: tuple[int, int],
+    input_len_max: int | None = None,
 ) -> list[BenchRequest]:
-    """Independent prompts of exactly `input_len` random token ids."""
+    """Independent prompts of random token ids: exactly `input_len` of them,
+    or a length drawn uniformly from [input_len, input_len_max]."""
     rng = random.Random(seed)
     lo, hi = vocab
-    return [
-        BenchRequest([rng.randrange(lo, hi) for _ in range(input_len)], output_len)
-        for _ in range(num_prompts)
-    ]
+    out = []
+    for _ in range(num_prompts):
+        n = _length(rng, input_len, input_len_max)
+        out.append(BenchRequest([rng.randrange(lo, hi) for _ in range(n)], output_len))
+    return out
 
 
 def shared_prefix_dataset(
@@ -63,19 +80,20 @@ def shared_prefix_dataset(
     num_prefixes: int,
     seed: int,
     vocab: tuple[int, int],
+    suffix_len_max: int | None = None,
 ) -> list[BenchRequest]:
-    """`num_prefixes` groups; each prompt is its group's prefix + its own suffix.
+    """`num_prefixes` groups; each prompt is its group's prefix + its own
+    suffix (`suffix_len` tokens, or uniform in [suffix_len, suffix_len_max]).
     Prompts are interleaved across groups, as a multi-tenant system prompt mix."""
     rng = random.Random(seed)
     lo, hi = vocab
     prefixes = [[rng.randrange(lo, hi) for _ in range(prefix_len)] for _ in range(num_prefixes)]
-    return [
-        BenchRequest(
-            prefixes[i % num_prefixes] + [rng.randrange(lo, hi) for _ in range(suffix_len)],
-            output_len,
-        )
-        for i in range(num_prompts)
-    ]
+    out = []
+    for i in range(num_prompts):
+        n = _length(rng, suffix_len, suffix_len_max)
+        suffix = [rng.randrange(lo, hi) for _ in range(n)]
+        out.append(BenchRequest(prefixes[i % num_prefixes] + suffix, output_len))
+    return out
 
 
 async def _one_request(
@@ -93,6 +111,9 @@ async def _one_request(
     result = RequestResult(ok=False, prompt_len=len(req.prompt_token_ids))
     start = time.perf_counter()
     last = start
+    # Servers that send no usage chunk (or count differently) are measured
+    # by their token chunks: with ignore_eos each carries one token.
+    chunks = 0
     try:
         async with client.stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
@@ -111,17 +132,22 @@ async def _one_request(
                 now = time.perf_counter()
                 if chunk.get("usage"):
                     result.output_len = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices"):
-                    continue
+                choices = chunk.get("choices")
+                if not choices:
+                    continue  # the usage chunk
+                if not choices[0].get("text") and choices[0].get("finish_reason"):
+                    continue  # a closing chunk without a token (llama-server)
+                chunks += 1
                 if result.ttft == 0.0:
                     result.ttft = now - start
                 else:
                     result.itls.append(now - last)
                 last = now
         result.e2e = time.perf_counter() - start
+        result.output_len = result.output_len or chunks
         result.ok = result.output_len > 0
         if not result.ok:
-            result.error = "no usage chunk"
+            result.error = "no tokens"
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = repr(exc)
     return result
@@ -229,20 +255,41 @@ def format_table(summary: dict) -> str:
 def build_requests(ns: argparse.Namespace) -> list[BenchRequest]:
     vocab = (ns.vocab_min, ns.vocab_max)
     if ns.dataset == "random":
-        return random_dataset(ns.num_prompts, ns.input_len, ns.output_len, ns.seed, vocab)
+        return random_dataset(
+            ns.num_prompts, ns.input_len, ns.output_len, ns.seed, vocab, ns.input_len_max
+        )
     return shared_prefix_dataset(
-        ns.num_prompts, ns.prefix_len, ns.input_len, ns.output_len, ns.num_prefixes, ns.seed, vocab
+        ns.num_prompts,
+        ns.prefix_len,
+        ns.input_len,
+        ns.output_len,
+        ns.num_prefixes,
+        ns.seed,
+        vocab,
+        ns.input_len_max,
     )
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="any OpenAI-compatible server (Pagoda, vLLM, llama-server)",
+    )
     p.add_argument("--model", default=None, help="default: the server's first model")
     p.add_argument("--api-key", default=None)
     p.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128, help="prompt (or suffix) tokens")
-    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument(
+        "--input-len-max",
+        type=int,
+        default=None,
+        help="draw each prompt (or suffix) length uniformly from [--input-len, this]",
+    )
+    p.add_argument(
+        "--output-len", type=int, default=64, help="tokens per request, exactly (ignore_eos)"
+    )
     p.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: prefix tokens")
     p.add_argument("--num-prefixes", type=int, default=4, help="shared-prefix: groups")
     p.add_argument("--vocab-min", type=int, default=100, help="lowest random token id")
@@ -256,6 +303,9 @@ def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench_serve(ns: argparse.Namespace) -> int:
+    if ns.input_len_max is not None and ns.input_len_max < ns.input_len:
+        print("pagoda: error: --input-len-max is below --input-len", file=sys.stderr)
+        return 2
     requests = build_requests(ns)
     summary = asyncio.run(
         run_benchmark(

@@ -47,7 +47,8 @@ _HELP = {
     "speculative_config": 'speculative decoding as JSON, e.g. {"method": "ngram", '
     '"num_speculative_tokens": 3} or {"method": "draft_model", "model": ..., '
     '"num_speculative_tokens": 3}',
-    "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE (off: torch twins)",
+    "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE; CPU: oneDNN "
+    "linears on prepacked weights (off: torch twins, F.linear)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
 _ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}

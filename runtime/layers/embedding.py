@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
+from pagoda.runtime.layers import onednn
 from pagoda.runtime.model_loader.weights import Weight, materialize
 from torch import nn
 
@@ -56,13 +57,21 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share the embedding's weight."""
 
+    # The weight reordered for oneDNN on the CPU (`onednn.pack_model`); the
+    # plain `weight` stays, as the embedding may share it.
+    packed_weight: torch.Tensor | None = None
+
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """Logits [T, V] on the first rank, None on the others: each rank
         computes its vocabulary slice and rank 0 gathers them (only it samples)."""
-        logits = self.tp.gather(F.linear(hidden_states, self.weight), dim=-1)
+        if self.packed_weight is not None:
+            local = onednn.linear(hidden_states, self.packed_weight, None)
+        else:
+            local = F.linear(hidden_states, self.weight)
+        logits = self.tp.gather(local, dim=-1)
         if logits is None:
             return None
         return logits[:, : self.num_embeddings]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
+from pagoda.runtime.layers import onednn
 from pagoda.runtime.model_loader.weights import Weight, copy_weight, shard
 from torch import nn
 
@@ -42,11 +43,21 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    # The weight reordered for oneDNN on the CPU (`onednn.pack_model`), which
+    # then replaces `weight`; None: `weight` is used as is.
+    packed_weight: torch.Tensor | None = None
+
     def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         raise NotImplementedError
 
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W^T (+ bias) on this rank's weight, packed or plain."""
+        if self.packed_weight is not None:
+            return onednn.linear(x, self.packed_weight, bias)
+        return F.linear(x, self.weight, bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -163,8 +174,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return self.matmul(x, self.bias)
         # Each rank holds a slice of the input features: sum the partial
         # products, then add the bias once.
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        out = self.tp.all_reduce(self.matmul(x))
         return out if self.bias is None else out + self.bias

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from pagoda.kernels import ops
 from pagoda.runtime.layers.linear import (
     LinearBase,
@@ -128,7 +127,7 @@ class RowParallelLinearWithLoRA(LinearWithLoRA):
         if self.batch.token_slots is None:
             return self.base(x)
         base = self.base
-        y = self._add_lora(F.linear(x, base.weight), x)
+        y = self._add_lora(base.matmul(x), x)
         y = base.tp.all_reduce(y)
         return y if base.bias is None else y + base.bias
 

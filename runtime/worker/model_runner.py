@@ -11,6 +11,7 @@ from pagoda.runtime.attention.selector import select_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
+from pagoda.runtime.layers import onednn
 from pagoda.runtime.layers.custom_op import set_triton_kernels
 from pagoda.runtime.lora.manager import LoRAManager
 from pagoda.runtime.lora.request import LoRARequest
@@ -49,6 +50,8 @@ class ModelRunner:
         # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
         # would run, but orders of magnitude slower than the torch twins.
         self.use_triton_kernels = runner.fused_kernels and device.type == "cuda"
+        # On the CPU the fast path is oneDNN linears on prepacked weights.
+        self.use_packed_weights = runner.fused_kernels and onednn.available(self.dtype, device)
         self.backend = select_backend(runner.attention_backend, device)
         self.batch = InputBatch(
             self.scheduler_config.max_num_seqs,
@@ -95,6 +98,10 @@ class ModelRunner:
                 self.model_config.arch,
                 use_triton=self.use_triton_kernels,
             )
+        if self.use_packed_weights:
+            # After the LoRA wrappers, which size their buffers from the
+            # plain weights; the hint is the decode batch.
+            onednn.pack_model(self.model, self.scheduler_config.max_num_seqs)
         if self.spec is not None:
             self.spec.proposer.load_model()
 

@@ -41,7 +41,12 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         300.0,
         "one engine step taking this long counts as hung (0: never)",
     ),
-    ("num-threads", int, None, "torch CPU threads of the engine core (default: torch's)"),
+    (
+        "num-threads",
+        int,
+        None,
+        "torch CPU threads of the engine core (default on the CPU: all cores but one)",
+    ),
     (
         "lora-adapters-file",
         str,
