@@ -146,7 +146,11 @@ class SpecDecoder:
             draft_probs = torch.zeros(len(sel), k, self.vocab_size, device=dev)
             for n, i in enumerate(sel.tolist()):
                 q = self.draft_probs.get(req_ids[i])
-                assert q is not None, "a sampled draft needs the distribution it came from"
+                if q is None:
+                    # No draft this step (its first, a paused or trimmed
+                    # one): only the bonus position is sampled, from p.
+                    assert int(num_draft_t[i]) == 0, "a sampled draft needs its distribution"
+                    continue
                 m = min(k, q.shape[0])
                 draft_probs[n, :m] = q[:m]
         generators = {}

@@ -139,6 +139,20 @@ def test_n2_and_seeded_sampling_are_reproducible_whatever_the_batch(ngram):
     idle(ngram)
 
 
+def test_draft_model_sampling_runs_seeded_and_mixed_with_greedy():
+    # Sampling requests go through the rejection sampler with the draft's q;
+    # a request's first step has no draft (and no q) yet.
+    llm = LLM(speculative_config=draft(3), **OPTIONS)
+    seeded = SamplingParams(temperature=0.8, seed=11, max_tokens=12)
+    alone = tokens(llm.generate(REPEATING[0], seeded))
+    mixed = llm.generate([NON_REPEATING[0], REPEATING[0]], [GREEDY, seeded])
+    assert tokens(mixed)[1] == alone[0]
+    assert spec_stats(llm).num_draft_tokens > 0
+    unseeded = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=8))
+    assert all(len(t) == 8 for t in tokens(unseeded))
+    idle(llm)
+
+
 def test_prefix_cache_hits_equal_with_and_without_speculation(base, ngram):
     hits = []
     for llm in (base, ngram):
