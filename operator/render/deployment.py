@@ -132,10 +132,36 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
             {"name": "HF_HOME", "value": HF_CACHE_MOUNT},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
         ]
+    threads = engine_threads(llms)
+    # Server-side apply keys env by name: a duplicate would be refused.
+    if threads is not None and all(v.name != "PAGODA_NUM_THREADS" for v in llms.spec.env):
+        env.append({"name": "PAGODA_NUM_THREADS", "value": str(threads)})
     # User variables come last: for duplicate names Kubernetes keeps the last one.
     for var in llms.spec.env:
         env.append(var.model_dump(by_alias=True, exclude_none=True))
     return env
+
+
+def cpu_cores(quantity: str) -> float:
+    """A CPU quantity in cores: "8" -> 8, "500m" -> 0.5, "2.5" -> 2.5."""
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def engine_threads(llms: LLMService) -> int | None:
+    """torch threads of a CPU pod's engine core: its CPU request, in whole cores.
+
+    Inside a pod the runtime sees every core of the node (no CPU limit, no
+    static CPU manager), so its own default (all but one) would start 63
+    threads on a 64-core node for a pod that asked for 8, and OpenMP threads
+    without a core stall every step. On cores of its own, the engine is
+    fastest with one thread per core (docs/benchmarks.md, issue 13). GPU
+    pods and tensor-parallel CPU pods (which divide the cores among their
+    ranks) are left to the runtime.
+    """
+    if llms.resources.gpus or llms.spec.tensor_parallel_size > 1:
+        return None
+    cpu = llms.resources.cpu or default_requests(0)[0]
+    return max(1, int(cpu_cores(cpu)))
 
 
 def default_requests(gpus: int, ranks: int = 1) -> tuple[str, str]:

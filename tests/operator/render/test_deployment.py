@@ -62,7 +62,8 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
     assert c["envFrom"] == [{"configMapRef": {"name": "chat-engine"}}]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
-    assert "env" not in c and "volumeMounts" not in c
+    assert c["env"] == [{"name": "PAGODA_NUM_THREADS", "value": "1"}]  # one per core asked
+    assert "volumeMounts" not in c
     assert "nodeSelector" not in pod(d) and "tolerations" not in pod(d) and "volumes" not in pod(d)
 
 
@@ -417,3 +418,21 @@ def test_hf_adapters_read_the_model_cache_offline() -> None:
     )
     env = {e["name"]: e.get("value") for e in container(d)["env"]}
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/var/cache/pagoda/huggingface"
+
+
+def test_a_cpu_pod_runs_one_engine_thread_per_requested_core() -> None:
+    def threads(**spec: Any) -> str | None:
+        env = {e["name"]: e.get("value") for e in container(render(**spec)).get("env", [])}
+        return env.get("PAGODA_NUM_THREADS")
+
+    assert threads(resources={"cpu": "8"}) == "8"
+    assert threads(resources={"cpu": "2500m"}) == "2"
+    assert threads(resources={"cpu": "500m"}) == "1"
+    assert threads() == "1"  # the default request of a CPU pod
+    assert threads(resources={"gpus": 1, "cpu": "8"}) is None
+    assert threads(tensorParallelSize=2, resources={"cpu": "4"}) is None
+    # The user's own variable replaces it (env is keyed by name: no duplicate).
+    env = container(
+        render(resources={"cpu": "8"}, env=[{"name": "PAGODA_NUM_THREADS", "value": "3"}])
+    )["env"]
+    assert [e["value"] for e in env if e["name"] == "PAGODA_NUM_THREADS"] == ["3"]
