@@ -38,8 +38,14 @@ async def test_the_cpu_demo_becomes_ready_and_answers_through_its_service(
     cluster: Cluster,
 ) -> None:
     (pod,) = await serving(cluster)
+    # Ready follows the EndpointSlices; readyReplicas the Deployment's status,
+    # which its controller may write a moment later.
+    await cluster.wait_for(
+        lambda: cluster.get("LLMService", NAME)["status"].get("readyReplicas") == 1,
+        30,
+        "readyReplicas 1",
+    )
     status = cluster.get("LLMService", NAME)["status"]
-    assert status["readyReplicas"] == 1
     assert status["endpoint"] == "http://smollm2.llm.svc.cluster.local/v1"
     # The rendered command ran as is, on the pod's own address, with its engine settings.
     assert pod.container["command"] == ["pagoda", "serve"]
