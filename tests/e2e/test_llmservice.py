@@ -16,7 +16,7 @@ import pytest
 from kubesim.cluster import Cluster
 from kubesim.kubelet import PodProcess
 
-from .conftest import STARTUP_TIMEOUT, light_cpu_demo
+from .conftest import STARTUP_TIMEOUT, ask_a_pagoda, light_cpu_demo
 
 pytestmark = pytest.mark.usefixtures("smollm2_available")
 
@@ -54,16 +54,9 @@ async def test_the_cpu_demo_becomes_ready_and_answers_through_its_service(
     try:
         models = await client.models.list()
         assert [m.id for m in models.data] == [NAME]  # servedModelName defaults to the name
-        answer = await client.chat.completions.create(
-            model=NAME,
-            messages=[{"role": "user", "content": "Name a pagoda."}],
-            max_tokens=8,
-            temperature=0,
-        )
     finally:
         await client.close()
-    assert answer.choices[0].message.content
-    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    await ask_a_pagoda(cluster.service_url(NAME), NAME)
 
 
 async def test_scaling_through_the_scale_subresource_runs_two_runtimes(cluster: Cluster) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import openai
 import pytest
 from kubesim.cluster import Cluster
 from kubesim.kubelet import PodProcess
 
-from .conftest import light_cpu_demo
+from .conftest import ask_a_pagoda, light_cpu_demo
 
 pytestmark = [pytest.mark.usefixtures("smollm2_available"), pytest.mark.slow]
 
@@ -75,18 +74,7 @@ async def test_a_tensor_parallel_cpu_pod_runs_three_ranks_and_answers(cluster: C
     assert "Started 3 tensor-parallel workers" in pod.log(200_000)
     assert len(rank_processes(pod)) == 3
 
-    client = openai.AsyncOpenAI(base_url=cluster.service_url(NAME) + "/v1", api_key="unused")
-    try:
-        answer = await client.chat.completions.create(
-            model=NAME,
-            messages=[{"role": "user", "content": "Name a pagoda."}],
-            max_tokens=8,
-            temperature=0,
-        )
-    finally:
-        await client.close()
-    assert answer.choices[0].message.content
-    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    await ask_a_pagoda(cluster.service_url(NAME), NAME)
 
 
 async def test_a_size_the_heads_do_not_divide_is_degraded_with_the_runtimes_reason(
