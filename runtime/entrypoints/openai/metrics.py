@@ -56,6 +56,8 @@ class _RequestTimes:
     last_token_time: dict[str, float] = field(default_factory=dict)
     num_generation_tokens: int = 0
     queued_recorded: bool = False
+    # When the engine first admitted it to the batch (the core's clock).
+    scheduled_time: float | None = None
 
 
 class ServingMetrics:
@@ -127,6 +129,12 @@ class ServingMetrics:
             ["model_name", "outcome"],
             registry=registry,
         )
+        self.received = counter(
+            "pagoda:requests_received",
+            "Requests the engine accepted, one per sequence (as vllm:num_requests_running "
+            "counts them); its rate times vllm:request_inference_time_seconds is the "
+            "concurrency the arrivals ask for (Little's law).",
+        )
         self._rejected = Counter(
             "pagoda:requests_rejected",
             "Requests refused with an error status, by reason.",
@@ -149,6 +157,11 @@ class ServingMetrics:
         )
         self.queue_time = histogram(
             "vllm:request_queue_time_seconds", "Time waiting before first scheduled.", _E2E_BUCKETS
+        )
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Time from first scheduled to finished (prefill and decode, no queue).",
+            _E2E_BUCKETS,
         )
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
@@ -179,6 +192,7 @@ class ServingMetrics:
         self._requests[request_id] = _RequestTimes(arrival_time, num_prompt_tokens, child_ids)
         for cid in child_ids:
             self._parent_of[cid] = request_id
+        self.received.inc(max(1, len(child_ids)))
 
     def on_request_aborted(self, request_id: str) -> None:
         req = self._forget(request_id)
@@ -229,6 +243,7 @@ class ServingMetrics:
                 )
                 if scheduled is not None:  # the first admission: queue time
                     req.queued_recorded = True
+                    req.scheduled_time = scheduled.timestamp
                     self.queue_time.observe(max(0.0, scheduled.timestamp - req.arrival_time))
             if not out.new_token_ids:
                 continue
@@ -258,6 +273,8 @@ class ServingMetrics:
         now = time.monotonic()
         e2e = now - req.arrival_time
         self.e2e.observe(e2e)
+        if req.scheduled_time is not None:
+            self.inference_time.observe(max(0.0, now - req.scheduled_time))
         self._success.labels(self._model_name, finish_reason or "stop").inc()
         self.request_prompt_tokens.observe(req.num_prompt_tokens)
         self.request_generation_tokens.observe(req.num_generation_tokens)

@@ -276,6 +276,8 @@ def test_metrics_have_vllm_names_labelled_by_model(server):
         "vllm:request_time_per_output_token_seconds_bucket",
         "vllm:e2e_request_latency_seconds_bucket",
         "vllm:request_queue_time_seconds_bucket",
+        "vllm:request_inference_time_seconds_bucket",
+        "pagoda:requests_received_total",
         "vllm:request_prompt_tokens_bucket",
         "vllm:request_generation_tokens_bucket",
     ]:
