@@ -6,7 +6,8 @@ Every `metricsIntervalSeconds` a tick:
 2. lists the runtime pods and sorts them (`census`): ready ones are read,
    starting ones are capacity that is coming, failing ones are neither;
 3. reads each ready pod's /metrics (`scrape`); a pod that does not answer is
-   skipped, never counted as idle;
+   skipped, never counted as idle; its counters, against its previous
+   reading, give its arrival rate and its requests' time in the batch (`Rates`);
 4. asks the pure scaler (`scaler.decide`) for the replica count;
 5. writes the LLMService's scale subresource if the count changed (never the
    Deployment: the sync loop renders the Deployment from `spec.replicas`),
@@ -32,7 +33,7 @@ from pagoda.operator.api import KubeApi
 from pagoda.operator.errors import ApiError
 from pagoda.operator.llmservice import LLMService
 from pagoda.operator.scaler import Decision, Observation, PodSample, Policy, State, decide
-from pagoda.operator.scrape import Fetch, ScrapeError, Target, scrape, targets
+from pagoda.operator.scrape import Fetch, Rates, Reading, ScrapeError, Target, scrape, targets
 from pagoda.operator.status import FAILING_WAITING, pod_ready, timestamp
 
 Results = Mapping[str, PodSample | ScrapeError]
@@ -108,6 +109,25 @@ def observation(time: float, replicas: int, seen: Census, results: Results) -> O
     )
 
 
+def sampled(
+    rates: Rates,
+    time: float,
+    scraped: Iterable[Target],
+    readings: Mapping[str, Reading | ScrapeError],
+) -> dict[str, PodSample | ScrapeError]:
+    """Each pod's reading as a sample with rates since its previous one; errors kept."""
+    scraped = list(scraped)
+    rates.keep(t.key or t.pod for t in scraped)
+    out: dict[str, PodSample | ScrapeError] = {}
+    for target in scraped:
+        reading = readings.get(target.pod)
+        if isinstance(reading, Reading):
+            out[target.pod] = rates.sample(target.key or target.pod, time, reading)
+        elif reading is not None:
+            out[target.pod] = reading
+    return out
+
+
 def failures(results: Results) -> dict[str, ScrapeError]:
     """The pods whose metrics could not be read, by name."""
     return {pod: r for pod, r in results.items() if isinstance(r, ScrapeError)}
@@ -152,6 +172,13 @@ def status(
         "runningRequests": _round(sum(s.running for s in samples)) if samples else None,
         "kvCacheUsage": (
             _round(sum(s.kv_cache_usage for s in samples) / len(samples)) if samples else None
+        ),
+        # Coarser than the gauges: a rate moves every tick, and each change is a write.
+        "arrivalRate": (
+            round(decision.arrival_rate, 2) if decision.arrival_rate is not None else None
+        ),
+        "serviceTimeSeconds": (
+            round(decision.service_time, 1) if decision.service_time is not None else None
         ),
         "podsMeasured": len(samples),
         "podsUnanswered": obs.unanswered,
@@ -220,6 +247,7 @@ class Autoscaler:
     state: State = field(default_factory=State)
     written: dict[str, Any] = field(default_factory=dict)
     failing: dict[str, str] = field(default_factory=dict)
+    rates: Rates = field(default_factory=Rates)
 
     async def tick(
         self, llms: LLMService, selector: Mapping[str, str], clock: float, now: datetime.datetime
@@ -233,12 +261,14 @@ class Autoscaler:
         version = (scale.get("metadata") or {}).get("resourceVersion")
         pods = await self.api.list("Pod", ns, selector)
         seen = census(pods, now, float(llms.spec.startup_timeout_seconds))
-        results = await scrape(seen.targets, self.fetch, self.scrape_timeout, self.concurrency)
+        readings = await scrape(seen.targets, self.fetch, self.scrape_timeout, self.concurrency)
+        results = sampled(self.rates, clock, seen.targets, readings)
         failed = failures(results)
         for error in failed.values():
             metrics.SCRAPE_FAILURES.labels(error.reason).inc()
         obs = observation(clock, current, seen, results)
-        decision = decide(Policy.from_spec(spec), self.state, obs)
+        policy = Policy.from_spec(spec, llms.spec.engine.max_num_seqs)
+        decision = decide(policy, self.state, obs)
         out = TickResult(failure_events(failed, self.failing), health(obs, results), decision)
         self.failing = {pod: e.reason for pod, e in failed.items()}
 

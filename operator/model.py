@@ -854,6 +854,17 @@ class AutoscalingStatus(Model):
     kv_cache_usage: float | None = Field(
         None, description="Mean KV-cache usage (0-1) of the pods that answered."
     )
+    arrival_rate: float | None = Field(
+        None,
+        description="Requests per second received by the ready pods over the stable window "
+        "(pagoda:requests_received_total); absent while not known.",
+    )
+    service_time_seconds: float | None = Field(
+        None,
+        description="Mean time a request spends in the batch "
+        "(vllm:request_inference_time_seconds); arrivalRate times it is the batch the "
+        "arrivals keep busy.",
+    )
     pods_measured: int | None = Field(None, description="Ready pods whose /metrics answered.")
     pods_unanswered: int | None = Field(None, description="Ready pods whose /metrics did not.")
     pods_starting: int | None = Field(None, description="Pods not ready yet: capacity coming.")

@@ -14,6 +14,20 @@ for LLM serving, where a new replica takes tens of seconds to minutes to load:
 * **Demand in replicas.** Each signal (queue depth, and optionally running
   requests and KV-cache usage) is summed over the pods and divided by its
   per-replica target; the largest signal wins (HPA's max over metrics).
+* **Arrivals** (Little's law). Each pod also tells how many requests it
+  received since it was last read, and how long the requests that finished
+  spent in the batch. The arrival rate times that time is the batch the
+  arrivals keep busy; over the batch target (targetRunningRequests, else a
+  full engine.maxNumSeqs) it is the replicas they ask for, one more signal.
+  It also bounds the others on the way up: a queue stays in the pod it
+  reached, so a backlog that built up while pods were starting is no
+  demand for more pods, which would only take new arrivals. The queue
+  still starts a panic within a tick; the arrivals size it. The bound is
+  off while the rate is not known for every ready pod (a first reading, a
+  counter that went back, a pod that did not answer), while a pod refuses
+  requests because its queue is full (those never count as received), and
+  when the queue keeps growing once the capacity ordered is serving (the
+  arrivals then understate what the pods need).
 * **Missing data is not zero.** A ready pod whose /metrics did not answer is
   left out of the sum when deciding to scale up (it cannot ask for more), and
   counted as one fully used replica when deciding to scale down (it cannot
@@ -73,10 +87,18 @@ class Policy:
     scale_up_max_step_pods: int = 4
     scale_down_stabilization: float = 300.0
     scale_down_max_step_pods: int | None = None
+    # engine.maxNumSeqs: the batch an arrival rate fills when no
+    # targetRunningRequests says how full a replica should be.
+    max_num_seqs: int | None = None
+
+    @property
+    def batch_target(self) -> float | None:
+        """Requests in the batch per replica that the arrival rate is sized for."""
+        return self.target_running_requests or self.max_num_seqs or None
 
     @classmethod
-    def from_spec(cls, spec: Any) -> Policy:
-        """From an `AutoscalingSpec` (pagoda.operator.model)."""
+    def from_spec(cls, spec: Any, max_num_seqs: int | None = None) -> Policy:
+        """From an `AutoscalingSpec` (pagoda.operator.model) and the engine's maxNumSeqs."""
         return cls(
             min_replicas=spec.min_replicas,
             max_replicas=spec.max_replicas,
@@ -90,6 +112,7 @@ class Policy:
             scale_up_max_step_pods=spec.scale_up.max_step_pods,
             scale_down_stabilization=float(spec.scale_down.stabilization_seconds),
             scale_down_max_step_pods=spec.scale_down.max_step_pods,
+            max_num_seqs=max_num_seqs,
         )
 
 
@@ -100,6 +123,12 @@ class PodSample:
     queue: float  # vllm:num_requests_waiting + pagoda:num_requests_pending
     running: float = 0.0  # vllm:num_requests_running
     kv_cache_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0-1
+    # Since this pod's previous scrape (None: not known, e.g. the first
+    # scrape of a pod, a counter that went back, a runtime without the series):
+    arrivals: float | None = None  # requests received per second (pagoda:requests_received)
+    finished: float | None = None  # requests finished (vllm:request_inference_time_seconds count)
+    busy_seconds: float | None = None  # their time in the batch, summed (the histogram's sum)
+    refused: float | None = None  # requests turned away as overloaded (queue full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +154,11 @@ class Point:
     time: float
     up: float  # unanswered pods counted as idle: what may justify adding replicas
     down: float  # unanswered pods counted as full: what may justify removing them
+    queue: float = 0.0  # the queue signal alone, in replicas (part of `up`)
+    other: float = 0.0  # the other signals (running, KV cache), in replicas (part of `up`)
+    arrivals: float | None = None  # requests per second into all ready pods (None: not known)
+    finished: float = 0.0  # requests finished, with a known time in the batch...
+    busy_seconds: float = 0.0  # ...and that time, summed
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +170,17 @@ class State:
     recommendations: tuple[tuple[float, int], ...] = ()
     # When the current history began: a scale-down needs a full window of it.
     since: float | None = None
-    # Panic mode lasts until then.
+    # Panic mode lasts until then; it began then.
     panic_until: float | None = None
+    panic_since: float | None = None
     # The count this scaler decided last: another value means someone else scaled.
     decided: int | None = None
     # Ready pods last tick, and when that number last grew.
     ready: int = 0
     grown_at: float | None = None
+    # The mean time in the batch last measured: the fallback when no request
+    # finished within the stable window.
+    service_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +193,8 @@ class Decision:
     state: State
     demand: float | None = None  # stable demand in replicas (None: nothing measured)
     panic: bool = False
+    arrival_rate: float | None = None  # requests per second over the stable window
+    service_time: float | None = None  # mean seconds in the batch per request
 
     @property
     def measured(self) -> bool:
@@ -162,15 +202,44 @@ class Decision:
         return self.demand is not None
 
 
+def _signals(policy: Policy, samples: Iterable[PodSample]) -> tuple[float, float]:
+    """The queue signal, and the largest of the others (running, KV cache), in replicas."""
+    samples = list(samples)
+    queue = sum(s.queue for s in samples) / policy.target_queue_depth
+    others = [0.0]
+    if policy.target_running_requests:
+        others.append(sum(s.running for s in samples) / policy.target_running_requests)
+    if policy.target_kv_cache_usage:
+        others.append(sum(s.kv_cache_usage for s in samples) / policy.target_kv_cache_usage)
+    return queue, max(others)
+
+
 def demand(policy: Policy, samples: Iterable[PodSample]) -> float:
     """Replicas the measured pods' load asks for: the largest signal over its target."""
-    samples = list(samples)
-    signals = [(sum(s.queue for s in samples), policy.target_queue_depth)]
-    if policy.target_running_requests:
-        signals.append((sum(s.running for s in samples), policy.target_running_requests))
-    if policy.target_kv_cache_usage:
-        signals.append((sum(s.kv_cache_usage for s in samples), policy.target_kv_cache_usage))
-    return max(total / target for total, target in signals)
+    return max(_signals(policy, samples))
+
+
+def arrivals(obs: Observation) -> float | None:
+    """Requests per second into all ready pods; None unless every ready pod told its rate.
+
+    A pod that did not answer, or whose rate is not known (its first scrape, a
+    counter that went back), makes the total unknown: a partial sum would read
+    as less demand than there is.
+    """
+    samples = obs.samples
+    if not samples or len(samples) < obs.ready or any(s.arrivals is None for s in samples):
+        return None
+    return sum(s.arrivals or 0.0 for s in samples)
+
+
+def _refusing(obs: Observation) -> bool:
+    """Whether a pod turned requests away since it was last read (its queue is full)."""
+    return any(s.refused for s in obs.samples)
+
+
+def _known_mean(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _mean(values: list[float]) -> float:
@@ -216,7 +285,7 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
     if state.decided is not None and state.decided != current:
         # Someone else scaled (kubectl scale, a write that failed): start the
         # stabilization history afresh so their count stands for a full window.
-        state = replace(state, recommendations=(), since=None, panic_until=None)
+        state = replace(state, recommendations=(), since=None, panic_until=None, panic_since=None)
     if state.since is None:
         state = replace(state, since=now)
 
@@ -239,26 +308,100 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
 
     samples = obs.samples
     missing = obs.unanswered
-    up_now = demand(policy, samples) if samples else 0.0
+    queue_now, other_now = _signals(policy, samples) if samples else (0.0, 0.0)
+    up_now = max(queue_now, other_now)
+    timed = [s for s in samples if s.finished is not None and s.busy_seconds is not None]
     horizon = max(policy.stable_window, policy.panic_window)
     points = tuple(p for p in state.points if p.time > now - horizon) + (
-        Point(now, up_now, up_now + missing + obs.starting),
+        Point(
+            now,
+            up_now,
+            up_now + missing + obs.starting,
+            queue=queue_now,
+            other=other_now,
+            arrivals=arrivals(obs),
+            finished=sum(s.finished or 0.0 for s in timed),
+            busy_seconds=sum(s.busy_seconds or 0.0 for s in timed),
+        ),
     )
     stable = _window(points, now, policy.stable_window)
-    stable_up, stable_down = _mean([p.up for p in stable]), _mean([p.down for p in stable])
-    panic_up = _mean([p.up for p in _window(points, now, policy.panic_window)])
+    recent = _window(points, now, policy.panic_window)
     capacity = max(current, 1)  # ready and starting pods alike: what is already ordered
-
     grown_at = now if obs.ready > state.ready and state.points else state.grown_at
-    panicking_now = panic_up >= PANIC_THRESHOLD * capacity
+    settled = not obs.starting and (grown_at is None or now - grown_at >= policy.stable_window)
+
+    # The panic starts on what the pods show (the queue reacts within a tick).
+    observed_recent = _mean([p.up for p in recent])
+    panicking_now = observed_recent >= PANIC_THRESHOLD * capacity
+    was_panic = state.panic_until is not None and now < state.panic_until
     panic_until = now + policy.stable_window if panicking_now else state.panic_until
     panic = panic_until is not None and now < panic_until
+    panic_since = None
+    if panic:
+        panic_since = state.panic_since if was_panic and state.panic_since is not None else now
+
+    # Arrivals (Little's law): the requests per second the pods receive, times
+    # the mean time a request spends in the batch, is the batch the arrivals
+    # keep busy; over the batch target it is the replicas they ask for. The
+    # short-term rate is that of the panic so far (a single tick's count is
+    # too noisy to size on, and a panic only ever adds), else of the panic window.
+    finished = sum(p.finished for p in stable)
+    service_time = (
+        sum(p.busy_seconds for p in stable) / finished if finished else state.service_time
+    )
+    rate_stable = _known_mean(p.arrivals for p in stable)
+    if panic_since is not None:
+        rate_recent = _known_mean(p.arrivals for p in stable if p.time >= panic_since)
+    else:
+        rate_recent = _known_mean(p.arrivals for p in recent)
+    if rate_recent is None:
+        rate_recent = rate_stable
+    batch = policy.batch_target
+    sized = service_time is not None and service_time > 0 and batch is not None
+    arrival_stable = (
+        rate_stable * service_time / batch if sized and rate_stable is not None else None
+    )
+    arrival_recent = (
+        rate_recent * service_time / batch if sized and rate_recent is not None else None
+    )
+    # A queue stays in the pod it reached: pods added now take new arrivals,
+    # not that backlog, so the queue asks for no more replicas than the
+    # arrivals do, unless it keeps growing once the capacity ordered is
+    # serving (the arrivals' estimate is then short: a batch that cannot
+    # reach its target, requests refused before they count).
+    growing = settled and queue_now > _mean([p.queue for p in stable])
+    cap = None
+    if (
+        arrival_recent is not None
+        and arrival_stable is not None
+        and not growing
+        and not _refusing(obs)
+    ):
+        cap = max(arrival_recent, arrival_stable)
+
+    def up(window: list[Point], rate: float | None) -> float:
+        if cap is None:
+            observed = _mean([p.up for p in window])
+        else:
+            observed = _mean([min(p.up, cap) for p in window])
+        return max(observed, rate or 0.0)
+
+    stable_up = up(stable, arrival_stable)
+    stable_down = max(_mean([p.down for p in stable]), arrival_stable or 0.0)
+    panic_up = up(recent, arrival_recent)
     measured = f"{len(samples)} of {obs.ready} ready pods measured"
+    if arrival_stable is not None and rate_stable is not None and service_time is not None:
+        measured += (
+            f"; {rate_stable:.2f} req/s x {service_time:.1f} s in the batch = "
+            f"{arrival_stable:.1f} replicas"
+        )
     if panic:
         raw = max(current, math.ceil(max(panic_up, stable_up)))
         reason = "Panic"
         message = (
-            f"panic: short-window demand {panic_up:.1f} replicas against {current} ({measured})"
+            f"panic: short-window demand {observed_recent:.1f} replicas against {current}"
+            + (f", arrivals justify {panic_up:.1f}" if cap is not None else "")
+            + f" ({measured})"
         )
     elif stable_up > current * (1 + TOLERANCE):
         raw, reason = math.ceil(stable_up), "AboveTarget"
@@ -273,9 +416,9 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
     if raw == current and reason in ("AboveTarget", "BelowTarget"):
         reason = "AtTarget"
         message = f"demand {stable_up:.2f} replicas: {current} is right ({measured})"
-    busy = any(s.queue or s.running for s in samples)
+    busy = any(s.queue or s.running or s.arrivals for s in samples)
     if raw == 0 and (busy or missing):
-        raw = 1  # never to zero while a request waits or runs, or a pod is unmeasured
+        raw = 1  # never to zero while a request waits, runs or arrives, or a pod is unmeasured
     if raw > current and obs.starting and not panicking_now:
         raw, reason = current, "CapacityComing"
         message = f"{obs.starting} pods starting count as capacity coming; {message}"
@@ -340,8 +483,19 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
         recommendations=recommendations,
         since=state.since,
         panic_until=panic_until,
+        panic_since=panic_since,
         decided=bounded,
         ready=obs.ready,
         grown_at=grown_at,
+        service_time=service_time,
     )
-    return Decision(bounded, reason, message, next_state, demand=stable_up, panic=panic)
+    return Decision(
+        bounded,
+        reason,
+        message,
+        next_state,
+        demand=stable_up,
+        panic=panic,
+        arrival_rate=rate_stable,
+        service_time=service_time,
+    )

@@ -10,6 +10,12 @@ text that is not a Pagoda/vLLM runtime's metrics is a `ScrapeError`: the
 scaler skips it (never counts it as an idle pod). `parse_metrics` is pure;
 `scrape` does the I/O through a `Fetch` function, so the tests and the e2e
 harness can put a network of their own behind it.
+
+Counters (requests received, the time requests spent in the batch) mean
+something only between two readings of the same pod: `Rates` keeps each
+pod's previous reading, keyed by its uid and restart count, and turns the
+difference into a rate. A pod's first reading, and a counter that went back
+(the runtime restarted), give no rate: missing data, never a zero.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pagoda.operator.pod_http import PodHttp, PodHttpError
@@ -31,6 +37,17 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 # Requests the API process holds before the engine sees them (tokenizing):
 # they wait just the same, so they count towards the queue.
 PENDING = "pagoda:num_requests_pending"
+# Counters: requests the engine accepted, and how many finished and their
+# time in the batch (a histogram's count and sum). Optional: a runtime
+# without them is scaled on the gauges alone.
+RECEIVED = "pagoda:requests_received_total"
+FINISHED = "vllm:request_inference_time_seconds_count"
+BUSY = "vllm:request_inference_time_seconds_sum"
+# Requests turned away because the queue was full (--max-waiting-requests):
+# they never reach the received count, so while a pod refuses some, its
+# arrivals say less than the demand.
+REJECTED = "pagoda:requests_rejected_total"
+OVERLOADED = "overloaded"
 # A runtime's exposition is ~20 KiB; anything much larger is not one.
 MAX_BODY = 1 << 20
 # A tick's scrapes must finish well within the shortest interval (1 s).
@@ -55,6 +72,25 @@ class Target:
 
     pod: str
     url: str
+    # Which run of the pod: uid and restart count (a restart starts its counters afresh).
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One pod's exposition: its gauges now, its counters since the runtime started."""
+
+    queue: float  # vllm:num_requests_waiting + pagoda:num_requests_pending
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+    received: float | None = None  # None: the runtime has no such series
+    finished: float | None = None
+    busy_seconds: float | None = None
+    refused: float = 0.0  # turned away as overloaded
+
+    def gauges(self) -> PodSample:
+        """The sample without rates (a pod read for the first time)."""
+        return PodSample(self.queue, self.running, self.kv_cache_usage)
 
 
 def _value(value: float, name: str) -> float:
@@ -63,8 +99,8 @@ def _value(value: float, name: str) -> float:
     return value
 
 
-def parse_metrics(text: str) -> PodSample:
-    """The queue, running and KV-cache numbers of one pod's exposition text.
+def parse_metrics(text: str) -> Reading:
+    """The queue, running, KV-cache numbers and counters of one pod's exposition text.
 
     Every series of a name is summed (one per model name; a pod serves one),
     except KV-cache usage, of which the highest is kept. Text that does not
@@ -72,13 +108,15 @@ def parse_metrics(text: str) -> PodSample:
     non-finite value, raises ScrapeError("Malformed").
     """
     totals: dict[str, float] = {}
-    kv = 0.0
+    kv = refused = 0.0
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == KV_CACHE_USAGE:
                     kv = max(kv, _value(sample.value, sample.name))
-                elif sample.name in (WAITING, RUNNING, PENDING):
+                elif sample.name == REJECTED and sample.labels.get("reason") == OVERLOADED:
+                    refused += _value(sample.value, sample.name)
+                elif sample.name in (WAITING, RUNNING, PENDING, RECEIVED, FINISHED, BUSY):
                     totals[sample.name] = totals.get(sample.name, 0.0) + _value(
                         sample.value, sample.name
                     )
@@ -88,11 +126,68 @@ def parse_metrics(text: str) -> PodSample:
         raise ScrapeError("Malformed", f"not Prometheus text: {e}") from None
     if WAITING not in totals:
         raise ScrapeError("Malformed", f"no {WAITING} series: not a Pagoda runtime's metrics")
-    return PodSample(
+    return Reading(
         queue=totals[WAITING] + totals.get(PENDING, 0.0),
         running=totals.get(RUNNING, 0.0),
         kv_cache_usage=min(kv, 1.0),
+        received=totals.get(RECEIVED),
+        finished=totals.get(FINISHED),
+        busy_seconds=totals.get(BUSY),
+        refused=refused,
     )
+
+
+class Rates:
+    """Each pod's previous reading, to turn its counters into rates (one per LLMService)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, Reading]] = {}
+
+    def sample(self, key: str, time: float, reading: Reading) -> PodSample:
+        """The pod's gauges, and its counters' changes since its previous reading.
+
+        No previous reading, a counter lower than before (a restart the key
+        did not tell), or no time passed: no rates. A series the runtime
+        does not have: no rate for it.
+        """
+        previous = self._last.get(key)
+        self._last[key] = (time, reading)
+        sample = reading.gauges()
+        if previous is None or time <= previous[0]:
+            return sample
+        then, before = previous
+        pairs = [
+            (reading.received, before.received),
+            (reading.finished, before.finished),
+            (reading.busy_seconds, before.busy_seconds),
+            (reading.refused, before.refused),
+        ]
+        if any(now is not None and old is not None and now < old for now, old in pairs):
+            return sample  # went back: the runtime started afresh
+        arrivals = finished = busy = None
+        if reading.received is not None and before.received is not None:
+            arrivals = (reading.received - before.received) / (time - then)
+        if None not in (
+            reading.finished,
+            before.finished,
+            reading.busy_seconds,
+            before.busy_seconds,
+        ):
+            finished = reading.finished - before.finished  # type: ignore[operator]
+            busy = reading.busy_seconds - before.busy_seconds  # type: ignore[operator]
+        return replace(
+            sample,
+            arrivals=arrivals,
+            finished=finished,
+            busy_seconds=busy,
+            refused=reading.refused - before.refused,
+        )
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Forget the pods not among `keys` (gone, or no longer ready)."""
+        wanted = set(keys)
+        for key in [k for k in self._last if k not in wanted]:
+            del self._last[key]
 
 
 def base_url(pod: Mapping[str, Any]) -> str | None:
@@ -133,7 +228,12 @@ def targets(
             continue
         url = url_of(pod)
         if url is not None:
-            out.append(Target(meta.get("name", "?"), url))
+            name = meta.get("name", "?")
+            restarts = sum(
+                int(cs.get("restartCount") or 0)
+                for cs in (pod.get("status") or {}).get("containerStatuses") or []
+            )
+            out.append(Target(name, url, f"{meta.get('uid') or name}/{restarts}"))
     return out
 
 
@@ -142,11 +242,11 @@ async def scrape(
     fetch: Fetch,
     timeout: float = DEFAULT_TIMEOUT,
     concurrency: int = DEFAULT_CONCURRENCY,
-) -> dict[str, PodSample | ScrapeError]:
-    """Read every target at most `concurrency` at a time: pod name -> sample or error."""
+) -> dict[str, Reading | ScrapeError]:
+    """Read every target at most `concurrency` at a time: pod name -> reading or error."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(target: Target) -> PodSample | ScrapeError:
+    async def one(target: Target) -> Reading | ScrapeError:
         async with gate:
             try:
                 text = await asyncio.wait_for(fetch(target.url, timeout), timeout)

@@ -182,3 +182,62 @@ async def test_a_transient_error_propagates_for_the_loop_to_log() -> None:
     scaler = Autoscaler(api, pages({"a": "vllm:num_requests_waiting 8\n"}))  # type: ignore[arg-type]
     with pytest.raises(ApiError):
         await scaler.tick(service(), {}, 0.0, NOW)
+
+
+def exposition(waiting: float, received: float, finished: float, busy: float) -> str:
+    return (
+        f"vllm:num_requests_waiting {waiting}\n"
+        f"pagoda:requests_received_total {received}\n"
+        f"vllm:request_inference_time_seconds_count {finished}\n"
+        f"vllm:request_inference_time_seconds_sum {busy}\n"
+    )
+
+
+async def test_arrivals_come_from_two_readings_of_a_pod_and_reach_the_status() -> None:
+    api = FakeApi(1, [pod("a")])
+    text = {"a": exposition(0, 100, 90, 900)}
+
+    async def fetch(url: str, timeout: float) -> str:
+        return text["a"]
+
+    scaler = Autoscaler(api, fetch)  # type: ignore[arg-type]
+    llms = service(targetRunningRequests=2)
+    first = await scaler.tick(llms, {}, 0.0, NOW)
+    assert first.decision is not None and first.decision.arrival_rate is None  # one reading
+    assert api.statuses[-1]["autoscaling"]["arrivalRate"] is None
+    text["a"] = exposition(0, 110, 95, 950)  # 10 in 5 s; 5 finished, 10 s each
+    second = await scaler.tick(llms, {}, 5.0, NOW)
+    assert second.decision is not None and second.decision.arrival_rate == 2.0
+    status = api.statuses[-1]["autoscaling"]
+    assert status["arrivalRate"] == 2.0 and status["serviceTimeSeconds"] == 10.0
+    # 2 req/s x 10 s = 20 in the batch, 2 per replica: 10 replicas' worth.
+    assert second.decision.demand == 10
+    # The pod restarts (a new restart count): its counters start afresh, no rate.
+    api.pods[0]["status"]["containerStatuses"] = [{"restartCount": 1}]
+    text["a"] = exposition(0, 3, 1, 10)
+    third = await scaler.tick(llms, {}, 10.0, NOW)
+    assert third.decision is not None and third.decision.state.points[-1].arrivals is None
+
+
+async def test_without_a_running_target_the_engines_batch_sizes_the_arrivals() -> None:
+    body = {
+        "metadata": {"name": "chat", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "model": "smollm2-135m-instruct",
+            "engine": {"maxNumSeqs": 5},
+            "autoscaling": {"maxReplicas": 8},
+        },
+    }
+    llms = parse(body, OperatorConfig())
+    api = FakeApi(1, [pod("a")])
+    text = {"a": exposition(0, 100, 90, 900)}
+
+    async def fetch(url: str, timeout: float) -> str:
+        return text["a"]
+
+    scaler = Autoscaler(api, fetch)  # type: ignore[arg-type]
+    await scaler.tick(llms, {}, 0.0, NOW)
+    text["a"] = exposition(0, 110, 95, 950)
+    result = await scaler.tick(llms, {}, 5.0, NOW)
+    # 2 req/s x 10 s = 20 in the batch; full batches of 5: 4 replicas' worth.
+    assert result.decision is not None and result.decision.demand == 4

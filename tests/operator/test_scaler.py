@@ -347,3 +347,166 @@ def test_policy_comes_from_the_spec() -> None:
     assert (policy.min_replicas, policy.max_replicas, policy.target_queue_depth) == (1, 8, 3.0)
     assert policy.scale_down_stabilization == 60 and policy.stable_window == 60
     assert policy.scale_up_max_step_pods == 4 and policy.scale_up_max_step_percent == 100
+
+
+# Arrivals: each pod tells the requests it received per second since it was
+# last read, and how many finished and their time in the batch (12 s each here).
+ARRIVALS = replace(POLICY, target_queue_depth=1, target_running_requests=3, max_replicas=16)
+SERVICE = 12.0
+
+
+@dataclass(frozen=True)
+class Rated:
+    queues: tuple[float, ...]  # one per ready pod
+    rate: float | None  # requests per second into all of them (None: no pod knows its rate)
+    expected: int
+    starting: int = 0
+    running: float = 3.0  # per pod
+    unknown: tuple[int, ...] = ()  # pods whose rate is not known (first reading, a reset)
+    refused: float = 0.0  # per pod, turned away as overloaded
+
+
+def R(
+    *queues: float,
+    rate: float | None,
+    expect: int,
+    starting: int = 0,
+    running: float = 3.0,
+    unknown: tuple[int, ...] = (),
+    refused: float = 0.0,
+) -> Rated:
+    return Rated(tuple(queues), rate, expect, starting, running, unknown, refused)
+
+
+def replay_rated(
+    ticks: list[Rated],
+    policy: Policy = ARRIVALS,
+    replicas: int = 2,
+    hide: bool = False,
+    check: bool = True,
+    service: float = SERVICE,
+) -> list[Decision]:
+    """`replay` with arrivals; `hide` drops them (a runtime without the counters).
+
+    With `check`, fail at the first tick whose count differs from the table.
+    """
+    state, decisions = State(), []
+    for index, tick in enumerate(ticks):
+        n = len(tick.queues)
+        samples = tuple(
+            PodSample(
+                queue=q,
+                running=tick.running,
+                arrivals=(
+                    None if hide or tick.rate is None or i in tick.unknown else tick.rate / n
+                ),
+                finished=None if hide else 1.0,
+                busy_seconds=None if hide else service,
+                refused=tick.refused,
+            )
+            for i, q in enumerate(tick.queues)
+        )
+        obs = Observation(index * 5.0, replicas, n, tick.starting, samples)
+        decision = decide(policy, state, obs)
+        if check and not hide:
+            assert decision.replicas == tick.expected, (
+                f"tick {index} (t={index * 5}s): expected {tick.expected}, decided "
+                f"{decision.replicas} ({decision.reason}: {decision.message})"
+            )
+        state, replicas = decision.state, decision.replicas
+        decisions.append(decision)
+    return decisions
+
+
+def burst_with_a_stuck_backlog() -> list[Rated]:
+    """Two pods at 0.5 req/s (2 replicas' worth: 0.5 x 12 s / 3); 2 req/s from t=60 s."""
+    ticks = [R(0, 0, rate=0.5, expect=2)] * 12
+    # The burst: the two pods queue 3.5 requests a tick between them while the
+    # pods ordered start (35 s). 2 req/s x 12 s / 3 = 8 replicas.
+    ticks += [R(3.5, 3.5, rate=2, running=4, expect=6)]  # a panic in one tick (+4 at most)
+    ticks += [R(7, 7, rate=2, running=4, starting=4, expect=6)]  # under 2 x 6: capacity coming
+    ticks += [R(q, q, rate=2, running=4, starting=6, expect=8) for q in (10.5, 14, 17.5, 21, 24.5)]
+    # Ready: the backlog stays in the first two pods, the new ones take new
+    # arrivals (their first reading: no rate yet), and the backlog drains.
+    ticks += [R(24, 24, 0, 0, 0, 0, 0, 0, rate=2, running=4, unknown=(2, 3, 4, 5, 6, 7), expect=8)]
+    ticks += [R(q, q, 0, 0, 0, 0, 0, 0, rate=2, running=3, expect=8) for q in range(23, 3, -1)]
+    return ticks
+
+
+def test_a_backlog_stuck_in_the_first_pods_does_not_order_more_than_the_arrivals_need() -> None:
+    ticks = burst_with_a_stuck_backlog()
+    decisions = replay_rated(ticks)
+    assert decisions[12].reason == "Panic" and max(d.replicas for d in decisions) == 8
+    assert "arrivals justify 8.0" in decisions[14].message
+    assert decisions[-1].arrival_rate == pytest.approx(2) and decisions[-1].service_time == 12
+    # The same pods without the counters: the backlog reads as demand for every
+    # pod allowed, though new pods cannot take any of it.
+    gauges = replay_rated(ticks, hide=True)
+    assert max(d.replicas for d in gauges) == 16
+
+
+def test_a_pods_first_reading_or_reset_counter_holds_the_count() -> None:
+    # Four pods at 0.5 req/s each, their batches full (2 req/s x 8 s = 16
+    # running), nothing waiting; no targetRunningRequests, so the running
+    # count is no signal: the arrivals over a full batch of 4 hold four replicas.
+    policy = replace(POLICY, max_num_seqs=4)
+    steady = [R(0, 0, 0, 0, rate=2, running=4, expect=4)] * 8
+    # A pod restarts (its counter went back: no rate), then another pod is
+    # read for the first time: no total is known for those ticks, and the
+    # rate of the window's other ticks stands.
+    blind = [R(0, 0, 0, 0, rate=2, running=4, unknown=(0,), expect=4)] * 3
+    blind += [R(0, 0, 0, 0, rate=2, running=4, unknown=(3,), expect=4)] * 3
+    ticks = steady + blind + steady
+    decisions = replay_rated(ticks, policy=policy, replicas=4, service=8.0)
+    assert {d.replicas for d in decisions} == {4}
+    assert decisions[10].arrival_rate == pytest.approx(2)
+    # The same pods read as gauges only: the queue alone lets three go.
+    gauges = replay_rated(ticks, policy=policy, replicas=4, hide=True)
+    assert gauges[-1].replicas == 1
+
+
+def test_no_rate_at_all_is_the_queue_rule_unchanged() -> None:
+    # Every pod read for the first time (or a runtime without the counters):
+    # the decision is what the gauges alone give.
+    first = replay_rated([R(40, rate=None, running=4, expect=5)], replicas=1)[0]
+    gauges = replay([Tick((40,), 5, running=(4,))], policy=ARRIVALS)[0]
+    assert (first.replicas, first.reason) == (gauges.replicas, gauges.reason)
+    assert first.arrival_rate is None
+
+
+def test_a_queue_that_keeps_growing_is_demand_whatever_the_arrivals_say() -> None:
+    # The arrivals say two replicas suffice, but once nothing is starting the
+    # queue keeps growing: the pods serve less than the arrivals assume (a
+    # batch that cannot reach its target). The queue takes over.
+    ticks = [R(0, 0, rate=0.5, expect=2)] * 12
+    ticks += [R(2, 2, rate=0.5, running=4, expect=2), R(4, 4, rate=0.5, running=4, expect=6)]
+    decisions = replay_rated(ticks)
+    assert decisions[-1].reason == "Panic"
+
+
+def test_requests_turned_away_leave_the_queue_unbounded_by_the_arrivals() -> None:
+    # The same burst, but from t=75 s the first pods' queues are full and they
+    # refuse requests: the received count misses those, so the arrivals bound
+    # nothing and the queue's panic goes on as without them.
+    ticks = burst_with_a_stuck_backlog()[:19]
+    ticks[15:] = [replace(t, refused=2.0) for t in ticks[15:]]
+    decisions = replay_rated(ticks, check=False)
+    assert [d.replicas for d in decisions[12:]] == [6, 6, 8, 16, 16, 16, 16]
+    assert "arrivals justify" not in decisions[15].message
+
+
+def test_the_arrivals_need_a_batch_to_fill() -> None:
+    # targetRunningRequests is the batch per replica the arrivals are sized
+    # for; without it, a full engine.maxNumSeqs; without either, no arrival
+    # signal at all (the runtime's own default batch may not fit the KV cache).
+    assert replace(POLICY, target_running_requests=3, max_num_seqs=8).batch_target == 3
+    assert replace(POLICY, max_num_seqs=8).batch_target == 8
+    assert POLICY.batch_target is None
+    ticks = [R(0, 0, rate=2, running=4, expect=2)] * 3
+    decisions = replay_rated(ticks, policy=POLICY, check=False)
+    assert decisions[-1].arrival_rate == pytest.approx(2)  # measured...
+    assert decisions[-1].demand == 0  # ...but asks for nothing
+    sized = replay_rated(ticks, policy=replace(POLICY, max_num_seqs=4), check=False)
+    assert sized[-1].demand == pytest.approx(2 * SERVICE / 4)
+    spec = AutoscalingSpec.model_validate({"maxReplicas": 8})
+    assert Policy.from_spec(spec, 16).max_num_seqs == 16

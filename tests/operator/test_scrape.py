@@ -10,6 +10,8 @@ import pytest
 from pagoda.operator.scaler import PodSample
 from pagoda.operator.scrape import (
     HttpFetch,
+    Rates,
+    Reading,
     ScrapeError,
     Target,
     metrics_url,
@@ -34,8 +36,11 @@ def runtime_exposition(waiting: int, running: int, pending: int, kv: float) -> s
 
 def test_the_runtimes_own_exposition_parses_into_a_sample() -> None:
     sample = parse_metrics(runtime_exposition(waiting=3, running=4, pending=2, kv=0.25))
-    # Pending requests (still in the API process) wait just the same.
-    assert sample == PodSample(queue=5, running=4, kv_cache_usage=0.25)
+    # Pending requests (still in the API process) wait just the same; the
+    # counters are there from the start, at zero.
+    assert sample == Reading(
+        queue=5, running=4, kv_cache_usage=0.25, received=0, finished=0, busy_seconds=0
+    )
 
 
 def test_series_of_several_models_are_summed_and_kv_usage_is_the_highest() -> None:
@@ -46,7 +51,71 @@ def test_series_of_several_models_are_summed_and_kv_usage_is_the_highest() -> No
         'vllm:kv_cache_usage_perc{model_name="a"} 0.5\n'
         'vllm:kv_cache_usage_perc{model_name="b"} 0.7\n'
     )
-    assert parse_metrics(text) == PodSample(queue=5, running=1, kv_cache_usage=0.7)
+    assert parse_metrics(text) == Reading(queue=5, running=1, kv_cache_usage=0.7)
+
+
+def test_the_counters_of_a_busy_runtime_are_read() -> None:
+    registry = CollectorRegistry()
+    metrics = ServingMetrics("smollm2", 512, registry)
+    metrics.waiting.set(1)
+    metrics.received.inc(7)
+    metrics.inference_time.observe(2.0)
+    metrics.inference_time.observe(3.0)
+    metrics.on_rejected("overloaded")
+    metrics.on_rejected("invalid_request")  # the client's fault: not demand turned away
+    reading = parse_metrics(generate_latest(registry).decode())
+    assert (reading.received, reading.finished, reading.busy_seconds) == (7, 2, 5.0)
+    assert reading.refused == 1
+
+
+def test_an_older_runtime_without_counters_is_read_on_its_gauges() -> None:
+    reading = parse_metrics("vllm:num_requests_waiting 2\nvllm:num_requests_running 3\n")
+    assert reading.received is None and reading.finished is None and reading.busy_seconds is None
+
+
+def counters(received: float, finished: float = 0, busy: float = 0, queue: float = 0) -> Reading:
+    return Reading(queue=queue, received=received, finished=finished, busy_seconds=busy)
+
+
+def test_rates_come_from_two_readings_of_the_same_pod() -> None:
+    rates = Rates()
+    first = rates.sample("uid-a/0", 100.0, counters(50, 40, 400, queue=2))
+    # The first reading of a pod: its gauges, no rate (missing, not zero).
+    assert first == PodSample(queue=2)
+    later = rates.sample("uid-a/0", 105.0, counters(60, 43, 433))
+    assert later.arrivals == 2.0  # 10 requests in 5 s
+    assert (later.finished, later.busy_seconds) == (3, 33)
+    assert later.refused == 0
+    # Another pod is its own history.
+    assert rates.sample("uid-b/0", 105.0, counters(500)).arrivals is None
+
+
+def test_a_counter_that_goes_back_gives_no_rate_then_counts_from_there() -> None:
+    rates = Rates()
+    rates.sample("p", 0.0, counters(900, 800, 8000))
+    # The runtime restarted without the key changing: every counter is lower.
+    assert rates.sample("p", 5.0, counters(3, 1, 10)).arrivals is None
+    # Any one counter going back is enough.
+    assert rates.sample("p", 10.0, counters(8, 0, 0)).arrivals is None
+    assert rates.sample("p", 15.0, counters(13, 1, 11)).arrivals == 1.0
+
+
+def test_rates_span_a_missed_scrape_and_forget_pods_that_left() -> None:
+    rates = Rates()
+    rates.sample("p", 0.0, counters(0))
+    # No answer at 5 s (not sampled): the rate at 10 s is over the 10 s.
+    assert rates.sample("p", 10.0, counters(30)).arrivals == 3.0
+    rates.keep([])  # the pod is gone (or no longer ready)
+    assert rates.sample("p", 15.0, counters(45)).arrivals is None
+    # The same time twice (a clock that did not move): no rate.
+    assert rates.sample("p", 15.0, counters(50)).arrivals is None
+
+
+def test_a_runtime_without_the_histogram_gives_arrivals_only() -> None:
+    rates = Rates()
+    rates.sample("p", 0.0, Reading(queue=0, received=0))
+    sample = rates.sample("p", 5.0, Reading(queue=0, received=5))
+    assert sample.arrivals == 1.0 and sample.finished is None and sample.busy_seconds is None
 
 
 @pytest.mark.parametrize(
@@ -90,9 +159,12 @@ def test_only_ready_pods_with_an_address_are_read() -> None:
         pod("d", "10.0.0.4", deleting=True),
         pod("e", "fd00::5"),
     ]
+    pods[0]["metadata"]["uid"] = "uid-a"
+    pods[4]["status"]["containerStatuses"] = [{"restartCount": 2}]
     assert targets(pods) == [
-        Target("a", "http://10.0.0.1:8000/metrics"),
-        Target("e", "http://[fd00::5]:8000/metrics"),
+        Target("a", "http://10.0.0.1:8000/metrics", "uid-a/0"),
+        # A restart starts the runtime's counters afresh: a new key.
+        Target("e", "http://[fd00::5]:8000/metrics", "e/2"),
     ]
     assert metrics_url({"status": {"podIP": "10.0.0.9"}}) == "http://10.0.0.9:8000/metrics"
 
@@ -110,7 +182,7 @@ async def test_each_pod_answers_for_itself_and_a_hung_one_times_out() -> None:
     result = await scrape(
         [Target(n, f"http://{n}/metrics") for n in ("a", "hung", "refused")], fetch, timeout=0.2
     )
-    assert result["a"] == PodSample(queue=2)
+    assert result["a"] == Reading(queue=2)
     assert isinstance(result["hung"], ScrapeError) and result["hung"].reason == "Timeout"
     assert isinstance(result["refused"], ScrapeError) and result["refused"].reason == "Unreachable"
 
@@ -165,6 +237,8 @@ async def test_http_fetch_against_a_real_server() -> None:
     finally:
         await fetch.close()
         await runner.cleanup()
-    assert result["ok"] == PodSample(queue=1, running=2, kv_cache_usage=0.5)
+    assert result["ok"] == Reading(
+        queue=1, running=2, kv_cache_usage=0.5, received=0, finished=0, busy_seconds=0
+    )
     reasons = {k: v.reason for k, v in result.items() if isinstance(v, ScrapeError)}
     assert reasons == {"500": "HTTPError", "huge": "Malformed", "gone": "Unreachable"}
