@@ -11,9 +11,12 @@ requests, finishes what it holds, then goes (and costs replica-seconds until
 then, as a draining pod does).
 
 The policies see what the operator sees: every `interval` seconds, each ready
-pod's waiting and running counts. The built-in policy is
-`pagoda.operator.scaler.decide` itself (imported, not copied), with the
-defaults of `spec.autoscaling`. The others are a fixed count sized for the
+pod's waiting and running counts, and its counters: requests received, and
+requests finished with their time in the batch (the runtime's
+`pagoda:requests_received_total` and `vllm:request_inference_time_seconds`).
+The built-in policy is `pagoda.operator.scaler.decide` itself (imported, not
+copied), fed through the operator's own `scrape.Rates`, with the defaults of
+`spec.autoscaling`. The others are a fixed count sized for the
 peak, and a KEDA-style threshold rule (HPA's `ceil(total / target)` on the
 queue, polled every 30 s, a 300 s cooldown before any scale-down).
 
@@ -30,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagoda.operator.model import AutoscalingSpec
-from pagoda.operator.scaler import Observation, PodSample, Policy, State, decide
+from pagoda.operator.scaler import Observation, Policy, State, decide
+from pagoda.operator.scrape import Rates, Reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +86,29 @@ class Service:
 @dataclass(slots=True)
 class Pod:
     ready_at: float
+    name: int = 0
     queue: deque[float] = field(default_factory=deque)  # arrival times
     busy_until: list[float] = field(default_factory=list)  # one per running request
     removed: bool = False
+    # The runtime's counters: requests received, finished, their time in the batch.
+    received: int = 0
+    finished: int = 0
+    busy_seconds: float = 0.0
 
     def ready(self, t: float) -> bool:
         return not self.removed and t >= self.ready_at
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What a policy sees of one ready pod (its /metrics)."""
+
+    name: int
+    waiting: int
+    running: int
+    received: int = 0
+    finished: int = 0
+    busy_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -118,8 +139,8 @@ class Trace:
         }
 
 
-# (time, replicas ordered now, per ready pod (waiting, running), pods starting) -> replicas
-Decide = Callable[[float, int, list[tuple[int, int]], int], int]
+# (time, replicas ordered now, the ready pods, pods starting) -> replicas
+Decide = Callable[[float, int, list[PodView], int], int]
 
 
 def fixed(replicas: int) -> Decide:
@@ -127,13 +148,32 @@ def fixed(replicas: int) -> Decide:
     return lambda t, current, pods, starting: replicas
 
 
-def builtin(policy: Policy) -> Decide:
-    """The operator's own scaler (`pagoda.operator.scaler.decide`), state carried between ticks."""
-    state = State()
+def builtin(policy: Policy, counters: bool = True) -> Decide:
+    """The operator's own scaler (`pagoda.operator.scaler.decide`), state carried between ticks.
 
-    def run(t: float, current: int, pods: list[tuple[int, int]], starting: int) -> int:
+    The pods' counters go through the operator's `Rates`, as scraped ones do;
+    `counters=False` hides them (a runtime without the series: gauges only).
+    """
+    state = State()
+    rates = Rates()
+
+    def run(t: float, current: int, pods: list[PodView], starting: int) -> int:
         nonlocal state
-        samples = tuple(PodSample(queue=w, running=r) for w, r in pods)
+        rates.keep(str(p.name) for p in pods)
+        samples = tuple(
+            rates.sample(
+                str(p.name),
+                t,
+                Reading(
+                    queue=p.waiting,
+                    running=p.running,
+                    received=p.received if counters else None,
+                    finished=p.finished if counters else None,
+                    busy_seconds=p.busy_seconds if counters else None,
+                ),
+            )
+            for p in pods
+        )
         obs = Observation(t, current, len(pods), starting, samples)
         decision = decide(policy, state, obs)
         state = decision.state
@@ -154,12 +194,12 @@ def threshold_rule(
     last_poll = -math.inf
     history: deque[tuple[float, int]] = deque()
 
-    def run(t: float, current: int, pods: list[tuple[int, int]], starting: int) -> int:
+    def run(t: float, current: int, pods: list[PodView], starting: int) -> int:
         nonlocal last_poll
         if t - last_poll < poll:
             return current
         last_poll = t
-        waiting = sum(w for w, _ in pods)
+        waiting = sum(p.waiting for p in pods)
         want = math.ceil(waiting / target) if pods else current
         if current and abs(want / current - 1) <= 0.1:
             want = current
@@ -174,10 +214,12 @@ def threshold_rule(
     return run
 
 
-def default_policy(max_replicas: int, **overrides: object) -> Policy:
+def default_policy(
+    max_replicas: int, max_num_seqs: int | None = None, **overrides: object
+) -> Policy:
     """`spec.autoscaling` with its defaults (and `overrides`, by spec field name)."""
     return Policy.from_spec(
-        AutoscalingSpec.model_validate({"maxReplicas": max_replicas, **overrides})
+        AutoscalingSpec.model_validate({"maxReplicas": max_replicas, **overrides}), max_num_seqs
     )
 
 
@@ -191,7 +233,8 @@ def simulate(
 ) -> Trace:
     """Run the workload against pods scaled by `policy`; `dt` is the time step."""
     arrivals = deque(workload.arrivals())
-    pods = [Pod(ready_at=0.0) for _ in range(initial)]
+    names = iter(range(1 << 30))
+    pods = [Pod(ready_at=0.0, name=next(names)) for _ in range(initial)]
     trace = Trace()
     rr = 0
     next_tick = 0.0
@@ -206,10 +249,16 @@ def simulate(
             if not ready:
                 trace.unserved += 1
                 continue
-            ready[rr % len(ready)].queue.append(arrived)
+            target = ready[rr % len(ready)]
+            target.queue.append(arrived)
+            target.received += 1
             rr += 1
         for pod in pods:
-            pod.busy_until = [b for b in pod.busy_until if b > t]
+            done = sum(1 for b in pod.busy_until if b <= t)
+            if done:
+                pod.busy_until = [b for b in pod.busy_until if b > t]
+                pod.finished += done
+                pod.busy_seconds += done * s
             if t < pod.ready_at:
                 continue
             while pod.queue and len(pod.busy_until) < service.slots:
@@ -223,10 +272,18 @@ def simulate(
             live = [p for p in pods if not p.removed]
             ready = [p for p in live if p.ready(t)]
             starting = len(live) - len(ready)
-            seen = [(len(p.queue), len(p.busy_until)) for p in ready]
+            seen = [
+                PodView(
+                    p.name, len(p.queue), len(p.busy_until), p.received, p.finished, p.busy_seconds
+                )
+                for p in ready
+            ]
             want = policy(t, len(live), seen, starting)
             if want > len(live):
-                pods += [Pod(ready_at=t + service.pod_start) for _ in range(want - len(live))]
+                pods += [
+                    Pod(ready_at=t + service.pod_start, name=next(names))
+                    for _ in range(want - len(live))
+                ]
             elif want < len(live):
                 # The Deployment removes pods not ready first, then the newest.
                 order = sorted(live, key=lambda p: (p.ready(t), -p.ready_at))

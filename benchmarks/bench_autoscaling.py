@@ -36,7 +36,7 @@ from autoscaling_sim import (
     threshold_rule,
 )
 
-POLICIES = ("builtin", "fixed-for-peak", "threshold (KEDA-style)")
+POLICIES = ("builtin", "fixed-for-peak", "threshold (KEDA-style)", "builtin, gauges only")
 
 
 def peak_replicas(workload: Workload, service: Service, utilization: float) -> int:
@@ -56,13 +56,15 @@ def run_all(
     peak = peak_replicas(workload, service, utilization)
     start = max(1, math.ceil(workload.base / (service.capacity() * utilization)))
     extra = {"targetRunningRequests": running} if running else {}
-    policy = default_policy(max_replicas, targetQueueDepth=target, **extra)
+    policy = default_policy(max_replicas, service.slots, targetQueueDepth=target, **extra)
     return {
         "builtin": simulate(workload, service, builtin(policy), start),
         "fixed-for-peak": simulate(workload, service, fixed(peak), peak),
         "threshold (KEDA-style)": simulate(
             workload, service, threshold_rule(target, 1, max_replicas), start
         ),
+        # The same scaler on a runtime without the arrival counters (the rule before them).
+        "builtin, gauges only": simulate(workload, service, builtin(policy, counters=False), start),
     }
 
 
@@ -160,26 +162,26 @@ def main() -> int:
     print(header)
     for pod_start in [float(x) for x in args.sweep_pod_start.split(",")]:
         per_policy: dict[str, dict[str, float]] = {}
+        runs = [
+            run_all(
+                workload(seed),
+                replace(service, pod_start=pod_start),
+                args.target_queue_depth,
+                args.max_replicas,
+                args.utilization,
+                args.target_running_requests,
+            )
+            for seed in [int(s) for s in args.seeds.split(",")]
+        ]
         for name in POLICIES:
-            rows = []
-            for seed in [int(s) for s in args.seeds.split(",")]:
-                svc = replace(service, pod_start=pod_start)
-                traces = run_all(
-                    workload(seed),
-                    svc,
-                    args.target_queue_depth,
-                    args.max_replicas,
-                    args.utilization,
-                    args.target_running_requests,
-                )
-                rows.append(traces[name].summary())
+            rows = [traces[name].summary() for traces in runs]
             mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
             per_policy[name] = mean
             print(
                 f"{pod_start:>8.0f}s  {name:<24}{mean['queue_p50_s']:>10.2f}"
                 f"{mean['queue_p99_s']:>10.2f}{mean['replica_seconds']:>11.0f}"
             )
-        ours, peak, rule = (per_policy[n] for n in POLICIES)
+        ours, peak, rule = (per_policy[n] for n in POLICIES[:3])
         verdict = {
             "p99_vs_fixed": ours["queue_p99_s"] / max(peak["queue_p99_s"], 1e-9),
             "replica_seconds_vs_fixed": ours["replica_seconds"] / peak["replica_seconds"],

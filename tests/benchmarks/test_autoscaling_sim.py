@@ -48,18 +48,39 @@ def test_a_burst_scales_the_builtin_policy_out_and_back_in() -> None:
     # Running requests as the second signal: with enough pods nobody waits,
     # and the queue alone would read as no demand at all.
     policy = sim.default_policy(
-        16, targetQueueDepth=1, targetRunningRequests=3, scaleDown={"stabilizationSeconds": 120}
+        16,
+        4,
+        targetQueueDepth=1,
+        targetRunningRequests=3,
+        scaleDown={"stabilizationSeconds": 120},
     )
     trace = sim.simulate(workload, SERVICE, sim.builtin(policy), 1)
     during = [r for t, r in zip(trace.times, trace.replicas, strict=True) if 330 <= t < 600]
     after = [r for t, r in zip(trace.times, trace.replicas, strict=True) if t > 1300]
     assert min(during) >= 4  # 8 req/s needs 4 pods of 2 req/s
+    # The arrivals ask for 8 req/s x 2 s / 3 = 5.3 replicas; the backlog stuck
+    # in the first pod while the others start does not add to that.
+    assert max(during) <= 7
     assert max(after) <= 2
+    # Without the counters, the backlog reads as demand for every pod allowed.
+    gauges = sim.simulate(workload, SERVICE, sim.builtin(policy, counters=False), 1)
+    assert max(gauges.replicas) == 16
+
+
+def test_the_simulated_pods_count_arrivals_like_the_runtime() -> None:
+    # A queue target no queue reaches: only the arrival rate can scale. 8
+    # req/s of 2 s requests fill 4 batches of 4.
+    workload = sim.Workload(base=8, burst=8, burst_start=0, burst_end=0, duration=120)
+    policy = sim.default_policy(16, 4, targetQueueDepth=1000)
+    trace = sim.simulate(workload, SERVICE, sim.builtin(policy), 1)
+    assert max(trace.replicas) >= 4
+    gauges = sim.simulate(workload, SERVICE, sim.builtin(policy, counters=False), 1)
+    assert max(gauges.replicas) == 1
 
 
 def test_the_threshold_rule_polls_every_30_seconds() -> None:
     rule = sim.threshold_rule(target=1, min_replicas=1, max_replicas=10)
-    busy = [(20, 4)]
+    busy = [sim.PodView(0, waiting=20, running=4)]
     assert rule(0.0, 1, busy, 0) == 5  # wants 10; +100% or +4 pods, whichever is more
     assert rule(10.0, 5, busy, 0) == 5  # no poll before 30 s
     assert rule(30.0, 5, busy, 0) == 10  # wants 20: capped at maxReplicas
