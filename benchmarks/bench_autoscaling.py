@@ -78,8 +78,9 @@ def plot(traces: dict[str, Trace], workload: Workload, path: Path, title: str) -
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     for name, trace in traces.items():
         minutes = [t / 60 for t in trace.times]
-        top.step(minutes, trace.replicas, where="post", label=name)
-        bottom.plot(minutes, trace.queue, label=name, linewidth=1)
+        style = {"linestyle": ":", "alpha": 0.8} if name == "builtin, gauges only" else {}
+        top.step(minutes, trace.replicas, where="post", label=name, **style)
+        bottom.plot(minutes, trace.queue, label=name, linewidth=1, **style)
     for axis in (top, bottom):
         axis.axvspan(workload.burst_start / 60, workload.burst_end / 60, color="0.9", zorder=0)
         axis.grid(alpha=0.3)

@@ -26,8 +26,10 @@ for LLM serving, where a new replica takes tens of seconds to minutes to load:
   off while the rate is not known for every ready pod (a first reading, a
   counter that went back, a pod that did not answer), while a pod refuses
   requests because its queue is full (those never count as received), and
-  when the queue keeps growing once the capacity ordered is serving (the
-  arrivals then understate what the pods need).
+  when the queue does not drain once the capacity ordered is serving (the
+  arrivals then understate the demand: a batch that cannot reach its
+  target, or clients that send only when answered, whose rate is the pods'
+  throughput).
 * **Missing data is not zero.** A ready pod whose /metrics did not answer is
   left out of the sum when deciding to scale up (it cannot ask for more), and
   counted as one fully used replica when deciding to scale down (it cannot
@@ -366,15 +368,17 @@ def decide(policy: Policy, state: State, obs: Observation) -> Decision:
     )
     # A queue stays in the pod it reached: pods added now take new arrivals,
     # not that backlog, so the queue asks for no more replicas than the
-    # arrivals do, unless it keeps growing once the capacity ordered is
-    # serving (the arrivals' estimate is then short: a batch that cannot
-    # reach its target, requests refused before they count).
-    growing = settled and queue_now > _mean([p.queue for p in stable])
+    # arrivals do while the capacity ordered comes up, and after, as long
+    # as the backlog drains. A queue that does not drain once that capacity
+    # serves is demand the arrivals understate: a batch that cannot reach its
+    # target, clients that send only when answered (their rate is the pods'
+    # throughput), requests refused before they count.
+    stuck = settled and queue_now >= _mean([p.queue for p in stable])
     cap = None
     if (
         arrival_recent is not None
         and arrival_stable is not None
-        and not growing
+        and not stuck
         and not _refusing(obs)
     ):
         cap = max(arrival_recent, arrival_stable)

@@ -484,6 +484,18 @@ def test_a_queue_that_keeps_growing_is_demand_whatever_the_arrivals_say() -> Non
     assert decisions[-1].reason == "Panic"
 
 
+def test_a_backlog_that_does_not_drain_once_the_new_pods_serve_is_demand_after_all() -> None:
+    # The same burst, but the backlog stays where it is after the new pods are
+    # ready (clients that send again only when answered: their rate is what
+    # the pods serve, not what they want). A stable window after the pods
+    # became ready (t=155 s), the queue is no longer bounded by the arrivals.
+    ticks = burst_with_a_stuck_backlog()[:20]
+    ticks += [R(24, 24, 0, 0, 0, 0, 0, 0, rate=2, running=4, expect=8)] * 11
+    ticks += [R(24, 24, 0, 0, 0, 0, 0, 0, rate=2, running=4, expect=16)]
+    decisions = replay_rated(ticks)
+    assert decisions[-1].reason == "Panic" and "arrivals justify" not in decisions[-1].message
+
+
 def test_requests_turned_away_leave_the_queue_unbounded_by_the_arrivals() -> None:
     # The same burst, but from t=75 s the first pods' queues are full and they
     # refuse requests: the received count misses those, so the arrivals bound
