@@ -1,7 +1,10 @@
 """Simulate the built-in autoscaler against fixed-for-peak and a KEDA-style rule; plot it.
 
-Service times come from a `pagoda bench serve` result (TTFT and TPOT at the
-pod's batch size), pod start time is a parameter:
+A fourth policy is the built-in scaler on pods without the arrival counters
+(gauges only): the rule before the arrival signal. Service times come from a
+`pagoda bench serve` result (TTFT and TPOT at the pod's batch size), or are
+given (`--ttft 2.064 --tpot 0.152 --slots 4 --output-len 64` are that run's
+means); pod start time is a parameter:
 
     pagoda serve smollm2-135m-instruct --port 8765 ...   # maxNumSeqs 4
     pagoda bench serve --base-url http://127.0.0.1:8765 --num-prompts 24 \\

@@ -604,8 +604,9 @@ class AutoscalingSpec(Model):
         None,
         gt=0,
         le=100000,
-        description="Requests in the batch per replica, a secondary signal (keeps "
-        "headroom: set it below engine.maxNumSeqs).",
+        description="Requests in the batch per replica, a secondary signal, and the "
+        "batch the arrival rate is sized for (without it, a full engine.maxNumSeqs). Keeps "
+        "headroom: set it below engine.maxNumSeqs.",
     )
     metrics_interval_seconds: int = Field(
         5, ge=1, le=300, description="How often each ready pod's /metrics is read."
