@@ -160,6 +160,18 @@ async def test_a_pod_whose_metrics_die_is_skipped_not_counted_idle(cluster: Clus
             30,
             "both pods measured busy",
         )
+        # The runtimes' counters, read twice, give the arrival rate and the
+        # time in the batch (some requests have finished by now or soon).
+        auto = await cluster.wait_for(
+            lambda: (
+                (a := cluster.get("LLMService", NAME)["status"]["autoscaling"]).get("arrivalRate")
+                and a.get("serviceTimeSeconds")
+                and a
+            ),
+            60,
+            "an arrival rate and a time in the batch",
+        )
+        assert auto["arrivalRate"] > 0 and auto["serviceTimeSeconds"] > 0
         await cluster.patch("LLMService", NAME, {"spec": {"autoscaling": {"minReplicas": 1}}})
         cluster.kill_metrics(pods[1])
         # Counted as idle, the silent pod would halve the demand and one
