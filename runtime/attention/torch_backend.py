@@ -1,6 +1,12 @@
 """Paged attention in plain torch: runs on any device and is the oracle the
 Triton kernels are checked against.
 
+On the CPU a step's decodes go to the C++ kernel of `pagoda.kernels.cpu`
+where it builds (the model runner passes it in): it reads K and V in place
+through the block table, where the torch path below gathers and pads every
+request's context each layer (2-10x slower, measured in issue 13). The torch
+path remains the fallback and the reference the kernel is tested against.
+
 Decodes (one query token) of the whole step are computed together: their
 context is gathered from the paged cache through the block table into a
 padded [requests, max_context] tensor, and two batched matmuls with a padding
@@ -11,6 +17,7 @@ mask shifted by the tokens already cached before the chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,17 +69,33 @@ class _StepPlan:
     decode_padding: torch.Tensor | None  # [R_dec, max_len] True past the context
     decode_max_len: int
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (start, end, seq_len, block ids)
+    # For a decode kernel: the decoding requests' rows of the block table and
+    # their context lengths (the metadata's own tensors when every request
+    # decodes, so a pure decode step copies nothing).
+    decode_block_table: torch.Tensor | None = None
+    decode_seq_lens: torch.Tensor | None = None
 
 
-def _plan(metadata: AttentionMetadata, block_size: int) -> _StepPlan:
+def _plan(metadata: AttentionMetadata, block_size: int, for_kernel: bool = False) -> _StepPlan:
     qsl = metadata.query_start_loc_cpu
     query_lens = qsl[1:] - qsl[:-1]
     seq_lens = metadata.seq_lens_cpu
     device = metadata.block_table.device
     rows_cpu = torch.nonzero(query_lens == 1).flatten()
-    tokens = ids = padding = None
+    tokens = ids = padding = table = lens = None
     max_len = 0
-    if rows_cpu.numel():
+    if for_kernel and rows_cpu.numel():
+        num_reqs = metadata.num_reqs
+        if rows_cpu.numel() == num_reqs:
+            table = metadata.block_table[:num_reqs]
+            lens = metadata.seq_lens[:num_reqs]
+            tokens = metadata.query_start_loc[:num_reqs].long()
+        else:
+            rows = rows_cpu.to(device)
+            table = metadata.block_table[rows]
+            lens = metadata.seq_lens[rows]
+            tokens = qsl[rows_cpu].long().to(device)
+    elif rows_cpu.numel():
         rows = rows_cpu.to(device)
         tokens = qsl[rows_cpu].to(device)
         max_len = int(seq_lens[rows_cpu].max())
@@ -86,13 +109,23 @@ def _plan(metadata: AttentionMetadata, block_size: int) -> _StepPlan:
         used = -(-seq_len // block_size)
         block_ids = metadata.block_table[row, :used].long()
         prefills.append((int(qsl[row]), int(qsl[row + 1]), seq_len, block_ids))
-    return _StepPlan(tokens, ids, padding, max_len, prefills)
+    return _StepPlan(tokens, ids, padding, max_len, prefills, table, lens)
+
+
+# decode_op(out, query, kv_cache, block_table, seq_lens, token_index, scale)
+DecodeOp = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
+    None,
+]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, decode_op: DecodeOp | None = None) -> None:
+        """`decode_op`: a kernel for the step's decodes (the CPU's C++ one);
+        None computes them in torch."""
+        self.decode_op = decode_op
         self._plan_for: tuple[AttentionMetadata, int] | None = None
         self._plan: _StepPlan | None = None
 
@@ -113,10 +146,20 @@ class TorchAttentionBackend(AttentionBackend):
         # by a new metadata at a recycled address.)
         key_ = self._plan_for
         if key_ is None or key_[0] is not metadata or key_[1] != kv_cache.shape[2]:
-            self._plan = _plan(metadata, kv_cache.shape[2])
+            self._plan = _plan(metadata, kv_cache.shape[2], self.decode_op is not None)
             self._plan_for = (metadata, kv_cache.shape[2])
         plan = self._plan
-        if plan.decode_tokens is not None:
+        if plan.decode_tokens is not None and self.decode_op is not None:
+            self.decode_op(
+                out,
+                query,
+                kv_cache,
+                plan.decode_block_table,
+                plan.decode_seq_lens,
+                plan.decode_tokens,
+                scale,
+            )
+        elif plan.decode_tokens is not None:
             self._decode(query, kv_cache, plan, scale, out)
         for start, end, seq_len, block_ids in plan.prefills:
             self._prefill(query[start:end], kv_cache, block_ids, seq_len, scale, out[start:end])

@@ -48,7 +48,8 @@ _HELP = {
     '"num_speculative_tokens": 3} or {"method": "draft_model", "model": ..., '
     '"num_speculative_tokens": 3}',
     "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE; CPU: oneDNN "
-    "linears on prepacked weights (off: torch twins, F.linear)",
+    "linears on prepacked weights and the C++ decode attention kernel (off: torch twins, "
+    "F.linear, torch attention)",
 }
 # Short, conventional spellings (vLLM's) beside the field names.
 _ALIASES = {"kv_cache_memory_gib": ["--kv-cache-memory"]}

@@ -50,9 +50,12 @@ class ModelRunner:
         # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
         # would run, but orders of magnitude slower than the torch twins.
         self.use_triton_kernels = runner.fused_kernels and device.type == "cuda"
-        # On the CPU the fast path is oneDNN linears on prepacked weights.
+        # On the CPU the fast path is oneDNN linears on prepacked weights and
+        # the C++ decode attention kernel.
         self.use_packed_weights = runner.fused_kernels and onednn.available(self.dtype, device)
-        self.backend = select_backend(runner.attention_backend, device)
+        self.backend = select_backend(
+            runner.attention_backend, device, cpu_kernels=runner.fused_kernels
+        )
         self.batch = InputBatch(
             self.scheduler_config.max_num_seqs,
             self.model_config.max_model_len,

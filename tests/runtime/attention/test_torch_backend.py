@@ -1,6 +1,7 @@
 """The torch paged-attention backend equals plain float64 attention, computed
 per request from its own keys and values with a causal mask offset by the
-tokens cached before the step, on mixed steps of decodes and prefill chunks."""
+tokens cached before the step, on mixed steps of decodes and prefill chunks.
+Every test runs the decodes both in torch and through the CPU's C++ kernel."""
 
 import pytest
 import torch
@@ -8,6 +9,16 @@ from pagoda.runtime.attention.backend import kv_cache_shape
 from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(params=["torch-decode", "cpp-decode"])
+def backend(request) -> TorchAttentionBackend:
+    if request.param == "torch-decode":
+        return TorchAttentionBackend()
+    from pagoda.kernels.cpu import build
+
+    return TorchAttentionBackend(build().decode_attention)
+
 
 HEAD_SIZE = 16
 NUM_KV_HEADS = 2
@@ -28,7 +39,7 @@ def reference(q, k, v, num_computed: int, scale: float) -> torch.Tensor:
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run_step(specs, group: int, block_size: int, paged_step, seed: int = 0):
+def run_step(specs, group: int, block_size: int, paged_step, backend, seed: int = 0):
     """specs: (num_computed, num_new) per request. Fills the cache with each
     request's earlier context at scattered blocks, runs the backend on the
     step's new tokens and returns (output, float64 reference)."""
@@ -58,7 +69,7 @@ def run_step(specs, group: int, block_size: int, paged_step, seed: int = 0):
         refs.append(reference(q, k, v, computed, scale))
 
     metadata, _ = paged_step(requests, block_size)
-    out = TorchAttentionBackend().forward(
+    out = backend.forward(
         torch.cat(queries), torch.cat(keys), torch.cat(values), cache, metadata, scale
     )
     # The step's keys and values landed in the cache at their slots.
@@ -75,7 +86,7 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_mixed_decodes_and_prefill_chunks_match_reference(group, block_size, paged_step):
+def test_mixed_decodes_and_prefill_chunks_match_reference(group, block_size, paged_step, backend):
     specs = [
         (0, 13),  # a whole prompt, not a whole number of blocks
         (36, 1),  # decode, context not a multiple of the block size
@@ -84,25 +95,25 @@ def test_mixed_decodes_and_prefill_chunks_match_reference(group, block_size, pag
         (47, 1),  # a longer decode in the same step
         (5, 30),  # chunk crossing several block boundaries
     ]
-    out, ref = run_step(specs, group, block_size, paged_step)
+    out, ref = run_step(specs, group, block_size, paged_step, backend)
     assert_matches(out, ref)
 
 
 @pytest.mark.parametrize("group", [1, 3])
-def test_decode_only_step_of_ragged_lengths(group, paged_step):
+def test_decode_only_step_of_ragged_lengths(group, paged_step, backend):
     specs = [(c, 1) for c in (0, 7, 8, 9, 40, 3)]
-    out, ref = run_step(specs, group, 8, paged_step, seed=1)
+    out, ref = run_step(specs, group, 8, paged_step, backend, seed=1)
     assert_matches(out, ref)
 
 
 @pytest.mark.parametrize("group", [1, 3])
-def test_prefill_chunks_only(group, paged_step):
+def test_prefill_chunks_only(group, paged_step, backend):
     specs = [(0, 29), (11, 2), (16, 16), (3, 5)]
-    out, ref = run_step(specs, group, 8, paged_step, seed=2)
+    out, ref = run_step(specs, group, 8, paged_step, backend, seed=2)
     assert_matches(out, ref)
 
 
-def test_chunked_prefill_equals_one_prefill(paged_step):
+def test_chunked_prefill_equals_one_prefill(paged_step, backend):
     """A prompt fed in three chunks through the cache gives what one prefill gives."""
     gen = torch.Generator().manual_seed(3)
     n, block_size, group = 45, 8, 3
@@ -110,7 +121,6 @@ def test_chunked_prefill_equals_one_prefill(paged_step):
     k = torch.randn(n, NUM_KV_HEADS, HEAD_SIZE, generator=gen)
     v = torch.randn(n, NUM_KV_HEADS, HEAD_SIZE, generator=gen)
     blocks = [5, 0, 3, 6, 1, 4]
-    backend = TorchAttentionBackend()
 
     def run(chunks):
         cache = torch.full(kv_cache_shape(7, block_size, NUM_KV_HEADS, HEAD_SIZE), GARBAGE)

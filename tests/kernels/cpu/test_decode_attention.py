@@ -1,0 +1,129 @@
+"""The C++ CPU decode attention kernel against float64 attention computed
+per request from its own keys and values, read through scattered blocks of
+a paged cache whose other slots hold NaN (a read past a request's context
+shows up as NaN in its output)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.kernels.cpu import build
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module")
+def op():
+    # Built, not skipped: the machines that run the suite have a compiler,
+    # and a kernel that stopped compiling must fail here.
+    return build().decode_attention
+
+
+def make_batch(seq_lens, num_kv_heads, group, head_size, block_size, dtype, seed=0):
+    """Requests with `seq_lens` tokens of context each, scattered over the
+    cache's blocks; one query token per request."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks) + 3
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_size), float("nan"))
+    width = max(blocks)
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    keys, values = [], []
+    for r, (n, b) in enumerate(zip(seq_lens, blocks)):
+        ids = [pool.pop() for _ in range(b)]
+        table[r, :b] = torch.tensor(ids, dtype=torch.int32)
+        # Unused table entries point at a block of NaN, as a stale table would.
+        table[r, b:] = pool[0]
+        k = torch.randn(n, num_kv_heads, head_size, generator=gen)
+        v = torch.randn(n, num_kv_heads, head_size, generator=gen)
+        pos = torch.arange(n)
+        cache[0, table[r, pos // block_size].long(), pos % block_size] = k
+        cache[1, table[r, pos // block_size].long(), pos % block_size] = v
+        keys.append(k.to(dtype))
+        values.append(v.to(dtype))
+    query = torch.randn(len(seq_lens), num_kv_heads * group, head_size, generator=gen)
+    return query.to(dtype), cache.to(dtype), table, keys, values
+
+
+def reference(q, k, v, scale):
+    """q [Hq, D], k/v [S, Hkv, D] -> [Hq, D] in float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[0] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    probs = (torch.einsum("hd,shd->hs", q, k) * scale).softmax(-1)
+    return torch.einsum("hs,shd->hd", probs, v)
+
+
+def check(op, seq_lens, num_kv_heads, group, head_size, block_size, dtype, tokens=None):
+    query, cache, table, keys, values = make_batch(
+        seq_lens, num_kv_heads, group, head_size, block_size, dtype
+    )
+    scale = head_size**-0.5
+    num_reqs = len(seq_lens)
+    if tokens is None:
+        tokens = torch.arange(num_reqs)
+    # The decodes' queries sit at `tokens` among other (prefill) rows, which
+    # the kernel must leave alone.
+    rows = int(tokens.max()) + 1
+    q_all = torch.randn(rows, *query.shape[1:]).to(dtype)
+    q_all[tokens] = query
+    out = torch.full_like(q_all, 7.0)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    op(out, q_all, cache, table, lens, tokens.long(), scale)
+    others = torch.ones(rows, dtype=torch.bool)
+    others[tokens] = False
+    assert (out[others] == 7.0).all()
+    tol = TOLERANCE[dtype]
+    for r in range(num_reqs):
+        ref = reference(query[r], keys[r], values[r], scale)
+        torch.testing.assert_close(out[tokens[r]].double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_size", [64, 128, 80])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_ragged_decodes_match_reference(op, dtype, head_size, block_size):
+    seq_lens = [1, 15, 16, 17, 33, 100, 257]
+    check(op, seq_lens, 2, 3, head_size, block_size, dtype)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_grouped_query_heads(op, group):
+    check(op, [5, 64, 300], 2, group, 64, 16, torch.bfloat16)
+
+
+def test_decodes_among_prefill_rows_and_two_threads(op):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        check(op, [40, 3, 129], 3, 3, 64, 16, torch.float32, tokens=torch.tensor([2, 9, 10]))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_long_context(op):
+    check(op, [4096], 1, 4, 128, 16, torch.bfloat16)
+
+
+def test_refuses_what_it_cannot_read(op):
+    query, cache, table, _, _ = make_batch([8, 9], 2, 2, 64, 16, torch.float32)
+    out = torch.empty_like(query)
+    lens = torch.tensor([8, 9], dtype=torch.int32)
+    tokens = torch.arange(2)
+    with pytest.raises(RuntimeError, match="block_table"):
+        op(out, query, cache, table.long(), lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        op(out, query.double(), cache, table, lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        op(out[:, :3], query[:, :3], cache, table, lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="one row per request"):
+        op(out, query, cache, table, lens[:1], tokens, 0.1)
+    with pytest.raises(RuntimeError, match="outside 1"):
+        op(out, query, cache, table, torch.tensor([8, 33], dtype=torch.int32), tokens, 0.1)
+    bad = table.clone()
+    bad[1, 0] = 10_000
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        op(out, query, cache, bad, lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="token_index"):
+        op(out, query, cache, table, lens, torch.tensor([0, 5]), 0.1)
