@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_lora.py --out .bench/lora.json
 	$(BIN)/python benchmarks/bench_spec_decode.py --out .bench/spec_decode.json
 	$(BIN)/python benchmarks/bench_step_phases.py --out .bench/step_phases.json
+	$(BIN)/python benchmarks/bench_cpu_kernels.py --out .bench/cpu_kernels.json
 
 # Pagoda against llama.cpp's llama-server (issue 13). The first run builds
 # llama-server from the llama-cpp-python sdist (cmake, ninja and a C++

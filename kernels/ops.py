@@ -98,15 +98,24 @@ def rms_norm(
     residual: torch.Tensor | None = None,
     *,
     triton: bool | None = None,
+    cpu: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last dim of `x` [..., hidden] with `weight` [hidden].
     With `residual`, returns `(norm(x + residual), x + residual)` (new tensors).
     `triton` forces the kernel (True) or the twin (False); None decides by
-    `use_triton(x)`."""
+    `use_triton(x)`. `cpu`: the C++ kernel of `pagoda.kernels.cpu` instead of
+    the twin (the caller checked that it built), for 2-D `x` with
+    contiguous rows."""
     if _triton(triton, x):
         from pagoda.kernels.rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps, residual)
+    if cpu and x.dim() == 2:
+        from pagoda.kernels.cpu import build
+
+        if residual is None:
+            return build().rms_norm(x, weight, eps)
+        return build().fused_add_rms_norm(x, residual, weight, eps)
     return reference.rms_norm_ref(x, weight, eps, residual)
 
 
@@ -127,6 +136,7 @@ def rotary_embedding(
     head_size: int | None = None,
     *,
     triton: bool | None = None,
+    cpu: bool = False,
 ) -> None:
     """Neox-style RoPE applied in place to `query` and `key`.
 
@@ -134,6 +144,7 @@ def rotary_embedding(
     [num_tokens, num_kv_heads, head_size] (or 2-D [num_tokens, heads * head_size]
     views, with `head_size` given); cos_sin_cache [max_pos, rot_dim] holding cos
     then sin, rot_dim <= head_size (the rest of each head is left as is).
+    `triton` as for `rms_norm`; `cpu`: the C++ kernel instead of the twin.
     """
     if query.dim() == 2:
         assert head_size is not None, "2-D query/key need head_size"
@@ -143,6 +154,10 @@ def rotary_embedding(
         from pagoda.kernels.rotary import rotary_embedding_triton
 
         rotary_embedding_triton(positions, query, key, cos_sin_cache)
+    elif cpu:
+        from pagoda.kernels.cpu import build
+
+        build().rotary_embedding(positions, query, key, cos_sin_cache)
     else:
         reference.rotary_embedding_ref(positions, query, key, cos_sin_cache)
 

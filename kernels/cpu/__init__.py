@@ -1,12 +1,15 @@
-"""C++ kernels for the CPU, compiled on first use for the CPU they run on.
+"""C++ kernels for the CPU, compiled on first use for the CPU they run on:
+paged decode attention (`decode_attention.cpp`), and RMSNorm with the
+residual add and RoPE (`layer_ops.cpp`), which round where the torch twins
+round (RoPE gives their bits, RMSNorm within one unit in the last place).
 
 The torch path stays the reference and the fallback: where no C++ compiler
-or ninja is found, or the build fails, `decode_attention_op()` returns None
-with one warning and attention runs in torch. The build is cached per source
-version (torch's extension cache, `TORCH_EXTENSIONS_DIR` or
-~/.cache/torch_extensions), so only the first start on a machine pays it
-(about 20 s on 2 cores); `python -m pagoda.kernels.cpu` builds it ahead of
-time (the Makefile's install step and the runtime image do).
+or ninja is found, or the build fails, `extension()` returns None with one
+warning and the model runs the torch twins. The build is cached per source
+version, flags, torch version and CPU (`build_directory()`, under
+`PAGODA_KERNEL_CACHE` or ~/.cache/pagoda/kernels), so only the first start
+on a machine pays it (about 25 s on 2 cores); `python -m pagoda.kernels.cpu`
+builds it ahead of time (the Makefile's install step does).
 
 `-march=native` because the build happens where it runs: AVX-512 where the
 CPU has it, without a fat binary. `-ffast-math` lets the compiler vectorize
@@ -16,16 +19,22 @@ finite (it starts its running maximum at the lowest finite float, not -inf).
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import logging
 import os
+import platform
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("decode_attention.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("bindings.cpp", "decode_attention.cpp", "layer_ops.cpp")
+]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
 # thread. The libgomp.so.1 torch already loaded serves the extension (same
@@ -44,18 +53,57 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def _cpu_identity() -> bytes:
+    """What -march=native compiles for: a build must not be reused on a CPU
+    with other instruction sets (a cache on a volume shared by nodes)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor().encode()
+    wanted = ("model name", "flags")
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(wanted)})).encode()
+
+
+def build_directory() -> Path:
+    """Where this source version is built for this CPU and torch:
+    `PAGODA_KERNEL_CACHE` (default ~/.cache/pagoda/kernels)/cpu-<hash>."""
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (
+        *(p.read_bytes() for p in SOURCES),
+        " ".join(EXTRA_CFLAGS + EXTRA_LDFLAGS).encode(),
+        torch.__version__.encode(),
+        _cpu_identity(),
+    ):
+        digest.update(part)
+    root = os.environ.get("PAGODA_KERNEL_CACHE") or Path.home() / ".cache" / "pagoda" / "kernels"
+    return Path(root) / f"cpu-{digest.hexdigest()[:16]}"
+
+
 @functools.cache
 def _extension():
     from torch.utils import cpp_extension
 
     _ninja_on_path()
-    return cpp_extension.load(
-        name="pagoda_cpu_kernels",
-        sources=[str(p) for p in SOURCES],
-        extra_cflags=EXTRA_CFLAGS,
-        extra_ldflags=EXTRA_LDFLAGS,
-        verbose=False,
-    )
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    # torch serializes builds with a lock *file* that a process killed while
+    # compiling (a pod deleted during its first start) leaves behind, and
+    # every later load then waits for it forever. An flock instead dies with
+    # its holder; whoever holds it is the only builder, so a torch lock file
+    # found then is stale and goes.
+    with open(folder / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (folder / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(
+            name="pagoda_cpu_kernels",
+            sources=[str(p) for p in SOURCES],
+            extra_cflags=EXTRA_CFLAGS,
+            extra_ldflags=EXTRA_LDFLAGS,
+            build_directory=str(folder),
+            verbose=False,
+        )
 
 
 def build() -> object:
@@ -64,14 +112,21 @@ def build() -> object:
 
 
 @functools.cache
-def decode_attention_op() -> Callable | None:
-    """`decode_attention(out, query, kv_cache, block_table, seq_lens,
-    token_index, scale)`, or None where the extension cannot be built."""
+def extension() -> object | None:
+    """The built extension, or None (with one warning) where it cannot be
+    built: the callers then keep to the torch twins."""
     try:
-        return build().decode_attention
+        return build()
     except Exception as exc:  # a missing compiler, ninja, or headers: keep serving
         logger.warning(
-            "C++ CPU kernels unavailable, decode attention runs in torch (slower): %s",
+            "C++ CPU kernels unavailable, attention, RMSNorm and RoPE run in torch (slower): %s",
             str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
         )
         return None
+
+
+def decode_attention_op() -> Callable | None:
+    """`decode_attention(out, query, kv_cache, block_table, seq_lens,
+    token_index, scale)`, or None where the extension cannot be built."""
+    ext = extension()
+    return ext.decode_attention if ext is not None else None

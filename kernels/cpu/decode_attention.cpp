@@ -12,7 +12,7 @@
 // Scores and the softmax are float32 whatever the cache dtype, as in the
 // torch path.
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #if defined(__SSE__)
@@ -57,9 +57,9 @@ inline void axpy(float* __restrict y, float a, const scalar_t* __restrict x, int
 
 template <typename scalar_t>
 void decode_attention_impl(
-    torch::Tensor& out, const torch::Tensor& query, const torch::Tensor& kv_cache,
-    const torch::Tensor& block_table, const torch::Tensor& seq_lens,
-    const torch::Tensor& token_index, double scale) {
+    at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+    const at::Tensor& block_table, const at::Tensor& seq_lens,
+    const at::Tensor& token_index, double scale) {
   const int64_t num_reqs = token_index.size(0);
   const int64_t num_heads = query.size(1);
   const int64_t head_size = query.size(2);
@@ -146,8 +146,8 @@ void decode_attention_impl(
 // out[token_index[r]] = attention of query[token_index[r]] over the first
 // seq_lens[r] positions of request r's blocks.
 void decode_attention(
-    torch::Tensor out, torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_table,
-    torch::Tensor seq_lens, torch::Tensor token_index, double scale) {
+    at::Tensor out, at::Tensor query, at::Tensor kv_cache, at::Tensor block_table,
+    at::Tensor seq_lens, at::Tensor token_index, double scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
@@ -182,8 +182,4 @@ void decode_attention(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "decode_attention", [&] {
     decode_attention_impl<scalar_t>(out, query, kv_cache, block_table, seq_lens, token_index, scale);
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "Paged decode attention on the CPU");
 }

@@ -1,7 +1,9 @@
 """Layers that have a Triton kernel and a torch twin (`pagoda.kernels.ops`).
 
-Which of the two runs is decided once, when the model is loaded, not per
-call: the kernels on CUDA (unless `--no-fused-kernels`), the twins elsewhere.
+Which runs is decided once, when the model is loaded, not per call: the
+Triton kernels on CUDA, the C++ kernels of `pagoda.kernels.cpu` on the CPU
+where they build (RMSNorm and RoPE), the twins elsewhere and under
+`--no-fused-kernels`.
 The twin in `pagoda.kernels.reference` is the only torch implementation of
 each op, so the CPU path and the kernels' test oracle cannot drift apart.
 """
@@ -17,6 +19,8 @@ class CustomOp(nn.Module):
     # False until `set_triton_kernels` says otherwise: a model built on the
     # CPU runs the twins whatever TRITON_INTERPRET says.
     use_triton: bool = False
+    # True once `set_cpu_kernels` found the C++ CPU kernels built.
+    use_cpu_kernels: bool = False
 
 
 def set_triton_kernels(model: nn.Module, enabled: bool) -> int:
@@ -26,5 +30,16 @@ def set_triton_kernels(model: nn.Module, enabled: bool) -> int:
     for module in model.modules():
         if isinstance(module, CustomOp):
             module.use_triton = enabled
+            count += 1
+    return count
+
+
+def set_cpu_kernels(model: nn.Module, enabled: bool) -> int:
+    """Route every CustomOp of `model` that has a C++ CPU kernel to it (or
+    back to its twin); returns how many layers were set."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, CustomOp):
+            module.use_cpu_kernels = enabled
             count += 1
     return count

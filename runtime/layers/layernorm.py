@@ -20,4 +20,6 @@ class RMSNorm(CustomOp):
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual),
         the pre-norm transformer's two uses of one sum. Statistics in float32
         whatever the activation dtype, as transformers does."""
-        return ops.rms_norm(x, self.weight, self.eps, residual, triton=self.use_triton)
+        return ops.rms_norm(
+            x, self.weight, self.eps, residual, triton=self.use_triton, cpu=self.use_cpu_kernels
+        )

@@ -58,5 +58,12 @@ class RotaryEmbedding(CustomOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D] (views are fine: the projection's
         output is rotated where it lies); returns q and k, rotated."""
-        ops.rotary_embedding(positions, q, k, self.cos_sin_cache, triton=self.use_triton)
+        ops.rotary_embedding(
+            positions,
+            q,
+            k,
+            self.cos_sin_cache,
+            triton=self.use_triton,
+            cpu=self.use_cpu_kernels,
+        )
         return q, k

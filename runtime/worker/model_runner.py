@@ -6,13 +6,14 @@ import logging
 
 import numpy as np
 import torch
+from pagoda.kernels import cpu as cpu_kernels
 from pagoda.runtime.attention.backend import AttentionMetadata, kv_cache_shape
 from pagoda.runtime.attention.selector import select_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers import onednn
-from pagoda.runtime.layers.custom_op import set_triton_kernels
+from pagoda.runtime.layers.custom_op import set_cpu_kernels, set_triton_kernels
 from pagoda.runtime.lora.manager import LoRAManager
 from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.model_loader.loader import load_model
@@ -51,10 +52,13 @@ class ModelRunner:
         # would run, but orders of magnitude slower than the torch twins.
         self.use_triton_kernels = runner.fused_kernels and device.type == "cuda"
         # On the CPU the fast path is oneDNN linears on prepacked weights and
-        # the C++ decode attention kernel.
+        # the C++ kernels (decode attention, RMSNorm, RoPE) where they build.
         self.use_packed_weights = runner.fused_kernels and onednn.available(self.dtype, device)
+        self.use_cpu_kernels = (
+            runner.fused_kernels and device.type == "cpu" and cpu_kernels.extension() is not None
+        )
         self.backend = select_backend(
-            runner.attention_backend, device, cpu_kernels=runner.fused_kernels
+            runner.attention_backend, device, cpu_kernels=self.use_cpu_kernels
         )
         self.batch = InputBatch(
             self.scheduler_config.max_num_seqs,
@@ -94,6 +98,7 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.backend = self.backend
         set_triton_kernels(self.model, self.use_triton_kernels)
+        set_cpu_kernels(self.model, self.use_cpu_kernels)
         if self.config.lora_config is not None:
             self.lora_manager = LoRAManager(
                 self.model,

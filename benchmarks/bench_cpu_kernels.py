@@ -1,14 +1,18 @@
-"""The CPU decode attention kernel against the torch path, inside the engine (issue 13).
+"""The C++ CPU kernels against the torch twins, inside the engine (issue 13).
 
 Runs `LLM.generate` on B prompts of the same length (greedy, ignore_eos, a
 fixed number of output tokens) and alternates, round after round in one
-process, between the attention backend's C++ decode kernel
-(`pagoda.kernels.cpu`) and its torch path: the same model, KV cache and
-batches. Reports, per setting, the medians of the wall time and of the time
-spent in the attention backend (prefill chunks included, the same SDPA in
-both), and checks that both produce the same tokens.
+process, between three settings on the same model, KV cache and batches:
 
-    python benchmarks/bench_cpu_decode_attention.py --batch 1 16 --dtype bfloat16
+  torch      the torch twins and the torch decode attention
+  attention  the C++ decode attention kernel, torch RMSNorm and RoPE
+  all        the C++ decode attention, RMSNorm and RoPE (the default)
+
+Reports per setting the medians of the wall time and of the time spent in
+the attention backend (prefill chunks included, the same SDPA in all), and
+whether each setting produced the torch setting's tokens.
+
+    python benchmarks/bench_cpu_kernels.py --batch 1 16 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=".bench/cpu_decode_attention.json")
+    ap.add_argument("--out", default=".bench/cpu_kernels.json")
     ns = ap.parse_args()
     if ns.threads:
         torch.set_num_threads(ns.threads)
     from pagoda.runtime import LLM, SamplingParams
     from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
+    from pagoda.runtime.layers.custom_op import set_cpu_kernels
 
     llm = LLM(
         dtype=ns.dtype,
@@ -45,7 +50,8 @@ def main() -> int:
         max_num_seqs=max(ns.batch),
         enable_prefix_caching=False,
     )
-    backend = llm.engine.engine_core.executor.worker.runner.backend
+    runner = llm.engine.engine_core.executor.worker.runner
+    backend = runner.backend
     assert isinstance(backend, TorchAttentionBackend), "the CPU engine runs the torch backend"
     kernel = backend.decode_op
     if kernel is None:
@@ -67,32 +73,38 @@ def main() -> int:
     results = []
     for batch in ns.batch:
         prompts = [[100 + i + j for i in range(ns.prompt_len)] for j in range(batch)]
-        wall: dict[str, list[float]] = {"kernel": [], "torch": []}
-        attn: dict[str, list[float]] = {"kernel": [], "torch": []}
+        settings = ("torch", "attention", "all")
+        wall: dict[str, list[float]] = {k: [] for k in settings}
+        attn: dict[str, list[float]] = {k: [] for k in settings}
         tokens = {}
         for _ in range(ns.rounds):
-            for name in ("kernel", "torch"):
-                backend.decode_op = kernel if name == "kernel" else None
+            for name in settings:
+                backend.decode_op = kernel if name != "torch" else None
                 backend._plan_for = None  # re-plan for the other path
+                set_cpu_kernels(runner.model, name == "all")
                 spent[0] = 0.0
                 start = time.perf_counter()
                 outs = llm.generate(prompts, params)
                 wall[name].append(time.perf_counter() - start)
                 attn[name].append(spent[0])
                 tokens[name] = [o.outputs[0].token_ids for o in outs]
-        row = {
-            "batch": batch,
-            "dtype": ns.dtype,
-            "same_tokens": tokens["kernel"] == tokens["torch"],
-            **{f"wall_s_{k}": statistics.median(v) for k, v in wall.items()},
-            **{f"attention_s_{k}": statistics.median(v) for k, v in attn.items()},
-        }
-        results.append(row)
-        print(
-            f"B={batch:<3} wall kernel {row['wall_s_kernel']:.3f} s torch {row['wall_s_torch']:.3f} s"
-            f" | attention kernel {row['attention_s_kernel']:.3f} s"
-            f" torch {row['attention_s_torch']:.3f} s | same tokens {row['same_tokens']}"
-        )
+        for name in settings:
+            row = {
+                "batch": batch,
+                "dtype": ns.dtype,
+                "setting": name,
+                "wall_s": statistics.median(wall[name]),
+                "attention_s": statistics.median(attn[name]),
+                "steps": ns.output_len,
+                "same_tokens_as_torch": tokens[name] == tokens["torch"],
+            }
+            results.append(row)
+            print(
+                f"B={batch:<3} {name:<9} wall {row['wall_s']:.3f} s"
+                f" ({row['wall_s'] / ns.output_len * 1e3:.1f} ms per step incl. prefill)"
+                f" | attention {row['attention_s']:.3f} s"
+                f" | same tokens as torch {row['same_tokens_as_torch']}"
+            )
     Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.out).write_text(json.dumps(results, indent=2))
     return 0

@@ -1,0 +1,21 @@
+// The Python module of the CPU kernels (pagoda.kernels.cpu).
+
+#include <torch/extension.h>
+
+#include <tuple>
+
+void decode_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
+                      at::Tensor block_table, at::Tensor seq_lens, at::Tensor token_index,
+                      double scale);
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor residual,
+                                                            at::Tensor weight, double eps);
+void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
+                      at::Tensor cos_sin_cache);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "Paged decode attention");
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dim");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, "(norm(x + residual), x + residual)");
+  m.def("rotary_embedding", &rotary_embedding, "Neox-style RoPE in place on query and key");
+}

@@ -1,0 +1,144 @@
+// RMSNorm (with the residual add fused) and RoPE on the CPU: one call each
+// where the torch twins in pagoda/kernels/reference.py take 5 and 20 ops a
+// layer, which at batch 1 is framework overhead, not arithmetic (issue 13:
+// 1.1 and 0.9 ms of a 17.5 ms step on SmolLM2).
+//
+// They round where the twins round: scalar_t arithmetic (c10::BFloat16,
+// c10::Half) computes in float and rounds each result to scalar_t, as an
+// eager torch op on bf16 tensors does, so RoPE and the residual sum give the
+// twins' bits. The sum of squares is accumulated in another order than
+// torch's, which moves a few normalized values by one unit in the last place.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+// Rows are spread over threads only when there are enough of them to pay
+// for waking the pool (a decode step has one row per request).
+constexpr int64_t kRowsPerTask = 16;
+
+template <typename scalar_t>
+void rms_norm_rows(scalar_t* out, scalar_t* sum_out, const scalar_t* x, const scalar_t* residual,
+                   const scalar_t* weight, int64_t rows, int64_t hidden, int64_t x_stride,
+                   int64_t res_stride, float eps) {
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* xr = x + r * x_stride;
+      scalar_t* o = out + r * hidden;
+      // With a residual, the sum is rounded to scalar_t (the residual stream's
+      // dtype) before the statistics, and returned.
+      const scalar_t* src = xr;
+      if (residual != nullptr) {
+        const scalar_t* rr = residual + r * res_stride;
+        scalar_t* s = sum_out + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) s[i] = static_cast<scalar_t>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+        src = s;
+      }
+      float sq = 0.f;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float v = static_cast<float>(src[i]);
+        sq += v * v;
+      }
+      const float inv = 1.f / std::sqrt(sq / static_cast<float>(hidden) + eps);
+      for (int64_t i = 0; i < hidden; ++i) {
+        const scalar_t normed = static_cast<scalar_t>(static_cast<float>(src[i]) * inv);
+        o[i] = static_cast<scalar_t>(static_cast<float>(weight[i]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.stride(1) == 1, name,
+              " must be a CPU [rows, hidden] tensor with contiguous rows");
+}
+
+}  // namespace
+
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "weight must be [hidden] in x's dtype");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
+                            weight.data_ptr<scalar_t>(), x.size(0), x.size(1), x.stride(0), 0,
+                            static_cast<float>(eps));
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor residual,
+                                                            at::Tensor weight, double eps) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "residual must match x");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "weight must be [hidden] in x's dtype");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  auto sum = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
+    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                            residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), x.size(0),
+                            x.size(1), x.stride(0), residual.stride(0), static_cast<float>(eps));
+  });
+  return {out, sum};
+}
+
+namespace {
+
+template <typename scalar_t>
+void rotate_heads(scalar_t* base, int64_t tok_stride, int64_t head_stride, int64_t heads, int64_t t,
+                  const float* cos_f, const float* sin_f, int64_t half) {
+  for (int64_t h = 0; h < heads; ++h) {
+    scalar_t* x = base + t * tok_stride + h * head_stride;
+    for (int64_t i = 0; i < half; ++i) {
+      // cos and sin rounded to the activations' dtype, as the twin does.
+      const scalar_t c = static_cast<scalar_t>(cos_f[i]), s = static_cast<scalar_t>(sin_f[i]);
+      const scalar_t x1 = x[i], x2 = x[half + i];
+      // (x1 cos - x2 sin, x2 cos + x1 sin), each product and sum rounded.
+      x[i] = static_cast<scalar_t>(x1 * c) - static_cast<scalar_t>(x2 * s);
+      x[half + i] = static_cast<scalar_t>(x2 * c) + static_cast<scalar_t>(x1 * s);
+    }
+  }
+}
+
+}  // namespace
+
+void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
+                      at::Tensor cos_sin_cache) {
+  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 && key.stride(2) == 1,
+              "query/key must be [tokens, heads, head_size] with contiguous heads");
+  TORCH_CHECK(query.size(0) == key.size(0) && positions.numel() == query.size(0),
+              "one position per token");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type(), "query and key dtypes differ");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
+                  cos_sin_cache.size(1) <= query.size(2) && cos_sin_cache.size(1) % 2 == 0,
+              "cos_sin_cache must be [max_position, rot_dim], rot_dim even and <= head_size");
+  TORCH_CHECK(key.size(2) == query.size(2), "head sizes differ");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "cos_sin_cache must be float32");
+  auto pos = positions.to(at::kLong).contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t tokens = query.size(0), max_pos = cos_sin_cache.size(0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(p[t] >= 0 && p[t] < max_pos, "position ", p[t], " outside the cache (", max_pos, ")");
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rotary_embedding", [&] {
+    const float* table = cos_sin_cache.data_ptr<float>();
+    const int64_t rot = cos_sin_cache.size(1), half = rot / 2;
+    scalar_t* q = query.data_ptr<scalar_t>();
+    scalar_t* k = key.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const float* cos = table + p[t] * rot;
+        rotate_heads<scalar_t>(q, query.stride(0), query.stride(1), query.size(1), t, cos, cos + half, half);
+        rotate_heads<scalar_t>(k, key.stride(0), key.stride(1), key.size(1), t, cos, cos + half, half);
+      }
+    });
+  });
+}
