@@ -26,20 +26,19 @@ class CustomOp(nn.Module):
 def set_triton_kernels(model: nn.Module, enabled: bool) -> int:
     """Route every CustomOp of `model` to its Triton kernel (or to its twin);
     returns how many layers were set."""
-    count = 0
-    for module in model.modules():
-        if isinstance(module, CustomOp):
-            module.use_triton = enabled
-            count += 1
-    return count
+    return _set_on_custom_ops(model, "use_triton", enabled)
 
 
 def set_cpu_kernels(model: nn.Module, enabled: bool) -> int:
     """Route every CustomOp of `model` that has a C++ CPU kernel to it (or
     back to its twin); returns how many layers were set."""
+    return _set_on_custom_ops(model, "use_cpu_kernels", enabled)
+
+
+def _set_on_custom_ops(model: nn.Module, flag: str, enabled: bool) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, CustomOp):
-            module.use_cpu_kernels = enabled
+            setattr(module, flag, enabled)
             count += 1
     return count
