@@ -2,9 +2,8 @@
 
 It spawns the process, owns both ZMQ sockets (bound here, on ipc:// paths in a
 private temporary folder, so the files go away with the folder), sends requests
-and aborts, and receives outputs. A watcher thread waits on the process's
-sentinel, so a killed engine core is noticed at once, not at the next
-timeout: `get_output()` then raises `EngineDeadError`. A hung core is noticed
+and aborts, and receives outputs. A `ProcessWatch` thread waits for the
+process, so a killed engine core is noticed at once, not at the next timeout: `get_output()` then raises `EngineDeadError`. A hung core is noticed
 through its heartbeats: silent for `heartbeat_timeout` seconds (frozen, or its
 IO threads gone), or stuck in one iteration of its loop for `step_timeout`
 seconds; it is then marked dead and killed.
@@ -19,9 +18,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 
@@ -46,6 +43,7 @@ from pagoda.runtime.core.wire import (
     UtilityCall,
 )
 from pagoda.runtime.lora.request import LoRARequest
+from pagoda.runtime.process_watch import ProcessWatch
 from pagoda.runtime.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
@@ -114,6 +112,10 @@ class EngineCoreClient:
             daemon=True,
         )
         self.proc.start()
+        # The only waiter on the process (see process_watch); it reports an
+        # unexpected exit through the event loop once wait_ready has one.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.process = ProcessWatch(self.proc, on_exit=self._on_process_exit)
         self.info: ReadyInfo | None = None
         # Utility calls waiting for their answer: call id -> future.
         self._calls: dict[int, asyncio.Future] = {}
@@ -131,16 +133,16 @@ class EngineCoreClient:
         """Wait for the core's READY; raise EngineStartupError if it fails or dies."""
         loop = asyncio.get_running_loop()
         self._dead_event = asyncio.Event()
-        threading.Thread(
-            target=self._watch_process, args=(loop,), name="core-watcher", daemon=True
-        ).start()
+        self._loop = loop
+        if not self.process.alive:  # it died before there was a loop to tell
+            self._on_process_exit(self.process.exitcode)
         recv = asyncio.ensure_future(self.output_socket.recv_multipart())
         died = asyncio.ensure_future(self._dead_event.wait())
         await asyncio.wait({recv, died}, return_when=asyncio.FIRST_COMPLETED)
         if not recv.done():
             recv.cancel()
             raise EngineStartupError(
-                f"the EngineCore process exited with status {self.proc.exitcode} during start-up"
+                f"the EngineCore process exited with status {self.process.exitcode} during start-up"
             )
         died.cancel()
         kind, payload = self._decoder.decode(recv.result())
@@ -184,15 +186,14 @@ class EngineCoreClient:
 
     def kill(self) -> None:
         """SIGKILL the core (a hung process would ignore SHUTDOWN and SIGTERM)."""
-        with contextlib.suppress(ProcessLookupError, TypeError):
-            if self.proc.is_alive():
-                os.kill(self.proc.pid, signal.SIGKILL)
+        self.process.kill()
 
-    def _watch_process(self, loop: asyncio.AbstractEventLoop) -> None:
-        multiprocessing.connection.wait([self.proc.sentinel])
-        if self._closing:
+    def _on_process_exit(self, exitcode: int | None) -> None:
+        """From the watch thread (or wait_ready): tell the event loop."""
+        loop = self._loop
+        if self._closing or loop is None:
             return
-        reason = f"the EngineCore process exited unexpectedly (status {self.proc.exitcode})"
+        reason = f"the EngineCore process exited unexpectedly (status {exitcode})"
         # A closed loop (RuntimeError) means nobody is left to tell.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._mark_dead, reason)
@@ -292,22 +293,13 @@ class EngineCoreClient:
         try:
             if self.dead_reason is not None:
                 self.kill()  # dead or hung: nothing left to shut down politely
-            if self.proc.is_alive():
+            if self.process.alive:
                 # A plain socket over the same handle: the asyncio wrapper
                 # needs the event loop's thread, and this may run elsewhere.
                 sync = zmq.Socket.shadow(self.input_socket.underlying)
                 with contextlib.suppress(zmq.ZMQError):
                     sync.send_multipart([SHUTDOWN], flags=zmq.NOBLOCK)
-                self.proc.join(timeout)
-            if self.proc.is_alive():
-                logger.warning("EngineCore did not stop in %.0f s; sending SIGTERM", timeout)
-                self.proc.terminate()
-                self.proc.join(timeout)
-            if self.proc.is_alive():
-                # It may exit between the check and the signal.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.join()
+            self.process.stop(timeout)
         finally:
             self.ctx.destroy(linger=0)
             shutil.rmtree(self._tmpdir, ignore_errors=True)

@@ -9,7 +9,7 @@ grows with the number of running requests, never with their prompt lengths.
 Every rank runs the forward (with its all-reduces and the logits gather);
 rank 0 answers with the sampled tokens through its pipe.
 
-Failure: a monitor thread waits on every worker's process sentinel. A worker
+Failure: a `ProcessWatch` thread waits on every worker process. A worker
 that dies or raises fails the executor at once: the step in progress raises
 `WorkerDiedError`, and the failure callback wakes the engine core even when
 it is idle, so the server fails fast instead of hanging in a collective. No
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import socket
-import threading
 import traceback
 import weakref
 from collections.abc import Callable
@@ -43,6 +43,7 @@ from pagoda.runtime.distributed.shm_broadcast import (
     parent_alive,
 )
 from pagoda.runtime.executor.abstract import Executor, WorkerDiedError
+from pagoda.runtime.process_watch import ProcessWatch
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +75,14 @@ class MultiprocExecutor(Executor):
         ctx = multiprocessing.get_context("spawn")
         # The engine core may itself be a daemon process (the API server
         # starts it so), and multiprocessing refuses children to daemons.
-        # The workers are ours to stop: shutdown() does, the monitor notices
+        # The workers are ours to stop: shutdown() does, their watches notice
         # their death, and they die with this process (PDEATHSIG).
         multiprocessing.current_process().daemon = False
         self.procs: list[multiprocessing.process.BaseProcess] = []
+        # One ProcessWatch per worker is its only waiter; a death it reports
+        # fails the executor (through a weak reference: the finalizer below
+        # holds the watches, and must not keep the executor alive).
+        self.workers: list[ProcessWatch] = []
         self.pipes: list[multiprocessing.connection.Connection] = []
         try:
             for rank in range(world):
@@ -91,18 +96,17 @@ class MultiprocExecutor(Executor):
                 proc.start()
                 theirs.close()
                 self.procs.append(proc)
+                self.workers.append(
+                    ProcessWatch(proc, functools.partial(_worker_exited, weakref.ref(self), rank))
+                )
                 self.pipes.append(ours)
             # Each worker reports once its model is loaded (or why not).
             self._gather(range(world), timeout=_STARTUP_TIMEOUT_S)
         except BaseException:
             self.shutdown()
             raise
-        self._monitor = threading.Thread(
-            target=self._monitor_workers, name="worker-monitor", daemon=True
-        )
-        self._monitor.start()
         # An LLM dropped without shutdown() still stops its workers.
-        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.broadcast)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self.broadcast)
         logger.info("Started %d tensor-parallel workers (%s)", world, init_method)
 
     # -- the executor interface ------------------------------------------
@@ -120,7 +124,7 @@ class MultiprocExecutor(Executor):
         return output
 
     def register_failure_callback(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(reason)` (from the monitor thread) if a worker dies;
+        """Call `callback(reason)` (from a watch thread) if a worker dies;
         at once if one already has."""
         self._failure_callbacks.append(callback)
         if self._failure is not None:
@@ -143,7 +147,7 @@ class MultiprocExecutor(Executor):
         if finalizer is not None:
             finalizer()  # runs _stop_workers, once
         else:  # start-up failed before the finalizer existed
-            _stop_workers(self.procs, self.broadcast)
+            _stop_workers(self.workers, self.broadcast)
         for pipe in self.pipes:
             pipe.close()
 
@@ -183,16 +187,17 @@ class MultiprocExecutor(Executor):
                 results[rank] = payload
             dead = [r for r, p in enumerate(self.procs) if p.sentinel in ready]
             if dead:
+                self.workers[dead[0]].wait(1.0)  # the sentinel closes just before
                 self._fail(
                     f"tensor-parallel worker {dead[0]} died "
-                    f"(exit code {self.procs[dead[0]].exitcode})"
+                    f"(exit code {self.workers[dead[0]].exitcode})"
                 )
         if raised:
             raise raised[0]
         return [results[rank] for rank in wanted]
 
     def _all_alive(self) -> bool:
-        return all(p.is_alive() for p in self.procs)
+        return all(w.alive for w in self.workers)
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:
@@ -202,16 +207,15 @@ class MultiprocExecutor(Executor):
                 callback(reason)
         raise WorkerDiedError(self._failure)
 
-    def _monitor_workers(self) -> None:
-        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
-        ready = multiprocessing.connection.wait(list(sentinels))
-        if self._closing:
-            return
-        rank = sentinels[ready[0]]
-        with contextlib.suppress(WorkerDiedError):
-            self._fail(
-                f"tensor-parallel worker {rank} died (exit code {self.procs[rank].exitcode})"
-            )
+
+def _worker_exited(executor_ref: weakref.ref, rank: int, exitcode: int | None) -> None:
+    """A worker's ProcessWatch saw it exit: fail the executor, unless it is
+    being shut down (or gone)."""
+    executor = executor_ref()
+    if executor is None or executor._closing:
+        return
+    with contextlib.suppress(WorkerDiedError):
+        executor._fail(f"tensor-parallel worker {rank} died (exit code {exitcode})")
 
 
 def _recv(pipe) -> tuple[str, Any]:
@@ -221,20 +225,14 @@ def _recv(pipe) -> tuple[str, Any]:
         return "error", f"its pipe closed ({exc!r})"
 
 
-def _stop_workers(procs: list, broadcast: BroadcastWriter) -> None:
+def _stop_workers(workers: list[ProcessWatch], broadcast: BroadcastWriter) -> None:
     """Ask every worker to leave, then SIGTERM and SIGKILL those that stay;
     free the ring."""
-    if procs and all(p.is_alive() for p in procs):
+    if workers and all(w.alive for w in workers):
         with contextlib.suppress(Exception):
             broadcast.send((_SHUTDOWN,), timeout=1.0)
-    for proc in procs:
-        proc.join(_STOP_TIMEOUT_S if proc.is_alive() else 0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(_STOP_TIMEOUT_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    for worker in workers:
+        worker.stop(_STOP_TIMEOUT_S)
     with contextlib.suppress(Exception):
         broadcast.close()
 

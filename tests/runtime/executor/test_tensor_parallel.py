@@ -131,7 +131,7 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_naming_both():
 def test_a_killed_worker_fails_the_engine_at_once_and_leaves_no_process(tiny_folders):
     llm = LLM(str(tiny_folders[2]), tensor_parallel_size=2, **OPTIONS)
     executor = llm.engine.engine_core.executor
-    pids = [p.pid for p in executor.procs]
+    pids = [w.pid for w in executor.workers]
     os.kill(pids[1], signal.SIGKILL)
     deadline = time.monotonic() + 10
     while executor._failure is None and time.monotonic() < deadline:

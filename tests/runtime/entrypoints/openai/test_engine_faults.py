@@ -66,8 +66,8 @@ async def death_reason(client: EngineCoreClient, timeout: float = 30.0) -> str:
 
 
 def exit_status(client: EngineCoreClient, timeout: float = 15.0) -> int | None:
-    client.proc.join(timeout)
-    return client.proc.exitcode
+    client.process.wait(timeout)
+    return client.process.exitcode
 
 
 async def test_a_malformed_frame_fails_the_engine_loudly():
