@@ -2,15 +2,16 @@
 
 Runs `LLM.generate` on B prompts of the same length (greedy, ignore_eos, a
 fixed number of output tokens) and alternates, round after round in one
-process, between three settings on the same model, KV cache and batches:
+process, between four settings on the same model, KV cache and batches:
 
-  torch      the torch twins and the torch decode attention
-  attention  the C++ decode attention kernel, torch RMSNorm and RoPE
-  all        the C++ decode attention, RMSNorm and RoPE (the default)
+  torch      the torch twins, the torch decode attention and SDPA prefills
+  decode     + the C++ decode attention kernel
+  layerops   + the C++ RMSNorm and RoPE
+  all        + the C++ prefill attention kernel (the default)
 
 Reports per setting the medians of the wall time and of the time spent in
-the attention backend (prefill chunks included, the same SDPA in all), and
-whether each setting produced the torch setting's tokens.
+the attention backend (prefill chunks included), and whether each setting
+produced the torch setting's tokens.
 
     python benchmarks/bench_cpu_kernels.py --batch 1 16 --dtype bfloat16
 """
@@ -53,9 +54,9 @@ def main() -> int:
     runner = llm.engine.engine_core.executor.worker.runner
     backend = runner.backend
     assert isinstance(backend, TorchAttentionBackend), "the CPU engine runs the torch backend"
-    kernel = backend.decode_op
-    if kernel is None:
-        print("the C++ kernel did not build: nothing to compare", file=sys.stderr)
+    decode_kernel, prefill_kernel = backend.decode_op, backend.prefill_op
+    if decode_kernel is None or prefill_kernel is None:
+        print("the C++ kernels did not build: nothing to compare", file=sys.stderr)
         return 1
     spent = [0.0]
     forward = backend.forward
@@ -73,15 +74,16 @@ def main() -> int:
     results = []
     for batch in ns.batch:
         prompts = [[100 + i + j for i in range(ns.prompt_len)] for j in range(batch)]
-        settings = ("torch", "attention", "all")
+        settings = ("torch", "decode", "layerops", "all")
         wall: dict[str, list[float]] = {k: [] for k in settings}
         attn: dict[str, list[float]] = {k: [] for k in settings}
         tokens = {}
         for _ in range(ns.rounds):
             for name in settings:
-                backend.decode_op = kernel if name != "torch" else None
+                backend.decode_op = decode_kernel if name != "torch" else None
+                backend.prefill_op = prefill_kernel if name == "all" else None
                 backend._plan_for = None  # re-plan for the other path
-                set_cpu_kernels(runner.model, name == "all")
+                set_cpu_kernels(runner.model, name in ("layerops", "all"))
                 spent[0] = 0.0
                 start = time.perf_counter()
                 outs = llm.generate(prompts, params)

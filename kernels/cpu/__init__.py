@@ -1,5 +1,6 @@
 """C++ kernels for the CPU, compiled on first use for the CPU they run on:
-paged decode attention (`decode_attention.cpp`), and RMSNorm with the
+paged decode and prefill attention (`decode_attention.cpp`,
+`prefill_attention.cpp`), and RMSNorm with the
 residual add and RoPE (`layer_ops.cpp`), which round where the torch twins
 round (RoPE gives their bits, RMSNorm within one unit in the last place).
 
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("bindings.cpp", "decode_attention.cpp", "layer_ops.cpp")
+    for name in ("bindings.cpp", "decode_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp")
 ]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
@@ -130,3 +131,11 @@ def decode_attention_op() -> Callable | None:
     token_index, scale)`, or None where the extension cannot be built."""
     ext = extension()
     return ext.decode_attention if ext is not None else None
+
+
+def prefill_attention_op() -> Callable | None:
+    """`prefill_attention(out, query, kv_cache, block_table, seq_lens,
+    query_start_loc, rows, scale)`, or None where the extension cannot be
+    built. It takes block size 16 and head sizes 64 and 128 only."""
+    ext = extension()
+    return ext.prefill_attention if ext is not None else None

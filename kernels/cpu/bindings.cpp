@@ -7,6 +7,9 @@
 void decode_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor token_index,
                       double scale);
+void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
+                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
+                       at::Tensor rows, double scale);
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps);
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor residual,
                                                             at::Tensor weight, double eps);
@@ -15,6 +18,7 @@ void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "Paged decode attention");
+  m.def("prefill_attention", &prefill_attention, "Paged causal attention of prefill chunks");
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "(norm(x + residual), x + residual)");
   m.def("rotary_embedding", &rotary_embedding, "Neox-style RoPE in place on query and key");

@@ -1,11 +1,12 @@
 """Paged attention in plain torch: runs on any device and is the oracle the
 Triton kernels are checked against.
 
-On the CPU a step's decodes go to the C++ kernel of `pagoda.kernels.cpu`
-where it builds (the model runner passes it in): it reads K and V in place
-through the block table, where the torch path below gathers and pads every
-request's context each layer (2-10x slower, measured in issue 13). The torch
-path remains the fallback and the reference the kernel is tested against.
+On the CPU a step's decodes and prefill chunks go to the C++ kernels of
+`pagoda.kernels.cpu` where they build (the model runner passes them in):
+they read K and V in place through the block table, where the torch path
+below gathers every request's context each layer (decodes 2-10x slower,
+prefill chunks 1.4-5x, measured in issue 13). The torch path remains the
+fallback and the reference the kernels are tested against.
 
 Decodes (one query token) of the whole step are computed together: their
 context is gathered from the paged cache through the block table into a
@@ -69,6 +70,8 @@ class _StepPlan:
     decode_padding: torch.Tensor | None  # [R_dec, max_len] True past the context
     decode_max_len: int
     prefills: list[tuple[int, int, int, torch.Tensor]]  # (start, end, seq_len, block ids)
+    # For a prefill kernel: the batch rows of the step's prefill chunks.
+    prefill_rows: torch.Tensor | None = None
     # For a decode kernel: the decoding requests' rows of the block table and
     # their context lengths (the metadata's own tensors when every request
     # decodes, so a pure decode step copies nothing).
@@ -104,12 +107,22 @@ def _plan(metadata: AttentionMetadata, block_size: int, for_kernel: bool = False
         positions = torch.arange(max_len, device=device)
         padding = positions[None, :] >= metadata.seq_lens[rows][:, None]
     prefills = []
-    for row in torch.nonzero(query_lens > 1).flatten().tolist():
+    prefill_rows = torch.nonzero(query_lens > 1).flatten()
+    for row in prefill_rows.tolist():
         seq_len = int(seq_lens[row])
         used = -(-seq_len // block_size)
         block_ids = metadata.block_table[row, :used].long()
         prefills.append((int(qsl[row]), int(qsl[row + 1]), seq_len, block_ids))
-    return _StepPlan(tokens, ids, padding, max_len, prefills, table, lens)
+    return _StepPlan(
+        decode_tokens=tokens,
+        decode_block_ids=ids,
+        decode_padding=padding,
+        decode_max_len=max_len,
+        prefills=prefills,
+        prefill_rows=prefill_rows if prefills else None,
+        decode_block_table=table,
+        decode_seq_lens=lens,
+    )
 
 
 # decode_op(out, query, kv_cache, block_table, seq_lens, token_index, scale)
@@ -119,13 +132,36 @@ DecodeOp = Callable[
 ]
 
 
+# prefill_op(out, query, kv_cache, block_table, seq_lens, query_start_loc, rows, scale)
+PrefillOp = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        float,
+    ],
+    None,
+]
+PREFILL_KERNEL_BLOCK_SIZE = 16
+PREFILL_KERNEL_HEAD_SIZES = (64, 128)
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, decode_op: DecodeOp | None = None) -> None:
-        """`decode_op`: a kernel for the step's decodes (the CPU's C++ one);
-        None computes them in torch."""
+    def __init__(
+        self, decode_op: DecodeOp | None = None, prefill_op: PrefillOp | None = None
+    ) -> None:
+        """`decode_op`, `prefill_op`: kernels for the step's decodes and
+        prefill chunks (the CPU's C++ ones); None computes them in torch.
+        The prefill kernel takes 16-position blocks and head sizes 64 and
+        128; other shapes stay on the torch path."""
         self.decode_op = decode_op
+        self.prefill_op = prefill_op
         self._plan_for: tuple[AttentionMetadata, int] | None = None
         self._plan: _StepPlan | None = None
 
@@ -161,9 +197,28 @@ class TorchAttentionBackend(AttentionBackend):
             )
         elif plan.decode_tokens is not None:
             self._decode(query, kv_cache, plan, scale, out)
-        for start, end, seq_len, block_ids in plan.prefills:
-            self._prefill(query[start:end], kv_cache, block_ids, seq_len, scale, out[start:end])
+        if plan.prefill_rows is not None and self._prefill_kernel_fits(kv_cache):
+            self.prefill_op(
+                out,
+                query,
+                kv_cache,
+                metadata.block_table,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                plan.prefill_rows,
+                scale,
+            )
+        else:
+            for start, end, seq_len, block_ids in plan.prefills:
+                self._prefill(query[start:end], kv_cache, block_ids, seq_len, scale, out[start:end])
         return out
+
+    def _prefill_kernel_fits(self, kv_cache: torch.Tensor) -> bool:
+        return (
+            self.prefill_op is not None
+            and kv_cache.shape[2] == PREFILL_KERNEL_BLOCK_SIZE
+            and kv_cache.shape[4] in PREFILL_KERNEL_HEAD_SIZES
+        )
 
     @staticmethod
     def _decode(query, kv_cache, plan: _StepPlan, scale, out) -> None:

@@ -1,7 +1,9 @@
 """The torch paged-attention backend equals plain float64 attention, computed
 per request from its own keys and values with a causal mask offset by the
 tokens cached before the step, on mixed steps of decodes and prefill chunks.
-Every test runs the decodes both in torch and through the CPU's C++ kernel."""
+Every test runs all in torch, and again through the CPU's C++ kernels
+(decodes; prefill chunks where the block size is the kernel's 16, the
+torch path otherwise)."""
 
 import pytest
 import torch
@@ -11,16 +13,17 @@ from pagoda.runtime.attention.torch_backend import TorchAttentionBackend
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(params=["torch-decode", "cpp-decode"])
+@pytest.fixture(params=["torch", "cpp-kernels"])
 def backend(request) -> TorchAttentionBackend:
-    if request.param == "torch-decode":
+    if request.param == "torch":
         return TorchAttentionBackend()
     from pagoda.kernels.cpu import build
 
-    return TorchAttentionBackend(build().decode_attention)
+    ext = build()
+    return TorchAttentionBackend(ext.decode_attention, ext.prefill_attention)
 
 
-HEAD_SIZE = 16
+HEAD_SIZE = 64  # one the prefill kernel takes
 NUM_KV_HEADS = 2
 # Slots no request owns hold this: a read past a request's context, unmasked,
 # moves the output far beyond the tolerance.

@@ -1,0 +1,521 @@
+// Paged prefill attention on the CPU: a step's prefill chunks (a request's
+// queries are the last q_len of its seq_len positions; they see every
+// position up to their own), read straight from the paged KV cache.
+//
+// torch's SDPA (the torch path) runs at about 65 GFLOP/s on this workload
+// whatever the dtype, after the path gathers each request's whole context
+// out of the cache; it was a quarter of a c=16 serving run's time (issue
+// 13). This is a flash-attention loop shaped for the CPU: one task is one
+// request, one KV head and a tile of queries, i.e. every query head of the
+// group for those positions (GQA reads each K/V block once per tile); the
+// block's keys are transposed to [head_size][block_size] in float, so the
+// scores of 16 keys are one vector FMA per dimension, computed for several
+// query rows at once to keep independent FMA chains in flight; the running
+// softmax is float32 and online (no [q_len, seq_len] matrix).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+class FlushDenormals {  // see decode_attention.cpp
+ public:
+#if defined(__SSE__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#endif
+};
+
+// Positions per block the kernel is written for (the engine's block size);
+// other sizes go to the torch path.
+constexpr int64_t kBlock = 16;
+// Query positions per task: enough rows (x the group) to amortize each K/V
+// block's conversion, few enough that a 2-thread pod gets several tasks per
+// prefill chunk of a few hundred tokens.
+constexpr int64_t kTileQ = 32;
+// Rows whose scores are computed together: independent FMA chains.
+constexpr int64_t kRowBlock = 8;
+// Masked scores: finite (-ffast-math assumes no infinities), and exp() of
+// it minus any real maximum is exactly 0.
+constexpr float kMasked = -1e30f;
+
+#if defined(__AVX512F__)
+// e^x for x <= 0 (a softmax's shifted scores): 2^(x log2 e) split into
+// 2^n (vscalefps, which flushes to 0 far below the float range) times 2^f,
+// f in [0, 1), by a degree-7 polynomial (relative error below 2e-7, far
+// under the bf16 rounding of the probabilities that follows).
+inline __m512 exp512(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
+  // e^(f ln 2) = sum (f ln2)^k / k!, k <= 7, by Horner.
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+#endif
+
+// One block of a row's online softmax. `s` holds the row's 16 scores, of
+// which the first `valid` count (the others are masked: causal, or past the
+// context); they become the unnormalized probabilities exp(s - max), zero
+// where masked. `max` and `sum` are the row's running maximum and sum;
+// `corr` is what the row's accumulator must be multiplied by.
+inline void softmax_block(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
+  valid = std::max<int64_t>(0, std::min(kBlock, valid));
+#if defined(__AVX512F__)
+  const __mmask16 keep = static_cast<__mmask16>((1u << valid) - 1u);
+  const __m512 sr = _mm512_mask_loadu_ps(_mm512_set1_ps(kMasked), keep, s);
+  const float m = std::max(max, _mm512_reduce_max_ps(sr));
+  const __m512 pr = _mm512_maskz_mov_ps(keep, exp512(_mm512_sub_ps(sr, _mm512_set1_ps(m))));
+  _mm512_storeu_ps(s, pr);
+  corr = std::exp(max - m);
+  sum = sum * corr + _mm512_reduce_add_ps(pr);
+  max = m;
+#else
+  float m = max;
+  for (int64_t k = 0; k < valid; ++k) m = std::max(m, s[k]);
+  float total = 0.f;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    s[k] = k < valid ? std::exp(s[k] - m) : 0.f;
+    total += s[k];
+  }
+  corr = std::exp(max - m);
+  sum = sum * corr + total;
+  max = m;
+#endif
+}
+
+template <int64_t D, int64_t R>
+inline void scores_rows(const float* __restrict q, const float* __restrict kt,
+                        float* __restrict s) {
+  float acc[R][kBlock] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const float* krow = kt + d * kBlock;
+    for (int64_t r = 0; r < R; ++r) {
+      const float qv = q[r * D + d];
+      for (int64_t k = 0; k < kBlock; ++k) acc[r][k] += qv * krow[k];
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < kBlock; ++k) s[r * kBlock + k] = acc[r][k];
+}
+
+template <int64_t D>
+inline void scores(const float* q, const float* kt, float* s, int64_t rows) {
+  int64_t r = 0;
+  for (; r + kRowBlock <= rows; r += kRowBlock)
+    scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kBlock);
+  for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kBlock);
+}
+
+// acc[r] = acc[r] * corr[r] + sum_k p[r][k] * v[k], four rows at a time.
+template <int64_t D, int64_t R>
+inline void accumulate_rows(float* __restrict acc, const float* __restrict p,
+                            const float* __restrict corr, const float* __restrict v,
+                            int64_t keys) {
+  float a[R][D];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d) a[r][d] = acc[r * D + d] * corr[r];
+  for (int64_t k = 0; k < keys; ++k) {
+    const float* vrow = v + k * D;
+    for (int64_t r = 0; r < R; ++r) {
+      const float pk = p[r * kBlock + k];
+      for (int64_t d = 0; d < D; ++d) a[r][d] += pk * vrow[d];
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d) acc[r * D + d] = a[r][d];
+}
+
+template <int64_t D>
+inline void accumulate(float* acc, const float* p, const float* corr, const float* v,
+                       int64_t rows, int64_t keys) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    accumulate_rows<D, 4>(acc + r * D, p + r * kBlock, corr + r, v, keys);
+  for (; r < rows; ++r) accumulate_rows<D, 1>(acc + r * D, p + r * kBlock, corr + r, v, keys);
+}
+
+struct Task {
+  int64_t req;      // row of the step's batch
+  int64_t kv_head;
+  int64_t q_begin;  // query index within the request's chunk
+  int64_t q_end;
+};
+
+template <typename scalar_t, int64_t D>
+void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
+                            const at::Tensor& kv_cache, const at::Tensor& block_table,
+                            const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                            const std::vector<Task>& tasks, double scale) {
+  const int64_t num_heads = query.size(1);
+  const int64_t num_kv_heads = kv_cache.size(3);
+  const int64_t group = num_heads / num_kv_heads;
+
+  const scalar_t* q_base = query.data_ptr<scalar_t>();
+  scalar_t* o_base = out.data_ptr<scalar_t>();
+  const scalar_t* k_cache = kv_cache[0].data_ptr<scalar_t>();
+  const scalar_t* v_cache = kv_cache[1].data_ptr<scalar_t>();
+  const int32_t* tables = block_table.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+
+  const int64_t q_tok_stride = query.stride(0), q_head_stride = query.stride(1);
+  const int64_t o_tok_stride = out.stride(0), o_head_stride = out.stride(1);
+  const int64_t table_stride = block_table.stride(0);
+  const int64_t row_stride = num_kv_heads * D;  // one position, every KV head
+  const int64_t block_stride = kBlock * row_stride;
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    FlushDenormals ftz;
+    const int64_t max_rows = kTileQ * group;
+    // Rows are (query position, head of the group), position-major.
+    std::vector<float> q(max_rows * D), acc(max_rows * D), s(max_rows * kBlock);
+    std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
+    std::vector<float> kt(D * kBlock), v(kBlock * D);
+    for (int64_t t = begin; t < end; ++t) {
+      const Task& task = tasks[t];
+      const int64_t seq_len = lens[task.req];
+      const int64_t q_len = qsl[task.req + 1] - qsl[task.req];
+      const int64_t first_tok = qsl[task.req];
+      const int64_t offset = seq_len - q_len;  // positions cached before the chunk
+      const int32_t* table = tables + task.req * table_stride;
+      const int64_t n_pos = task.q_end - task.q_begin;
+      const int64_t rows = n_pos * group;
+      for (int64_t i = 0; i < n_pos; ++i) {
+        const int64_t tok = first_tok + task.q_begin + i;
+        for (int64_t g = 0; g < group; ++g) {
+          const scalar_t* src = q_base + tok * q_tok_stride + (task.kv_head * group + g) * q_head_stride;
+          float* dst = q.data() + (i * group + g) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]) * fscale;
+        }
+      }
+      std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
+      std::fill(maxes.begin(), maxes.begin() + rows, kMasked);
+      std::fill(sums.begin(), sums.begin() + rows, 0.f);
+      // The last query of the tile sees positions [0, last_pos].
+      const int64_t first_pos = offset + task.q_begin;
+      const int64_t last_pos = offset + task.q_end - 1;
+      const int64_t n_blocks = last_pos / kBlock + 1;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t base = b * kBlock;
+        const int64_t keys = std::min(kBlock, last_pos + 1 - base);
+        const scalar_t* kb = k_cache + table[b] * block_stride + task.kv_head * D;
+        const scalar_t* vb = v_cache + table[b] * block_stride + task.kv_head * D;
+        for (int64_t k = 0; k < keys; ++k) {
+          const scalar_t* krow = kb + k * row_stride;
+          const scalar_t* vrow = vb + k * row_stride;
+          for (int64_t d = 0; d < D; ++d) {
+            kt[d * kBlock + k] = static_cast<float>(krow[d]);
+            v[k * D + d] = static_cast<float>(vrow[d]);
+          }
+        }
+        for (int64_t k = keys; k < kBlock; ++k)  // past the tile's last position
+          for (int64_t d = 0; d < D; ++d) kt[d * kBlock + k] = 0.f;
+        scores<D>(q.data(), kt.data(), s.data(), rows);
+        // Row r (position first_pos + r / group) sees keys up to its position.
+        for (int64_t r = 0; r < rows; ++r)
+          softmax_block(s.data() + r * kBlock, first_pos + r / group - base + 1, maxes[r], sums[r], corr[r]);
+        accumulate<D>(acc.data(), s.data(), corr.data(), v.data(), rows, keys);
+      }
+      for (int64_t i = 0; i < n_pos; ++i) {
+        const int64_t tok = first_tok + task.q_begin + i;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = i * group + g;
+          scalar_t* dst = o_base + tok * o_tok_stride + (task.kv_head * group + g) * o_head_stride;
+          const float inv = 1.f / sums[r];
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[r * D + d] * inv);
+        }
+      }
+    }
+  });
+}
+
+#if defined(__AVX512BF16__)
+// bfloat16 with AVX512-BF16: both matmuls as bf16 pair dot products
+// (vdpbf16ps, float32 accumulation), which run at about four times the
+// float32 FMA rate here (torch's bf16 matmul: 830 against 200 GFLOP/s on 2
+// threads). The probabilities are rounded to bf16 for the second one, as
+// the bf16 matmul of the torch path rounds them.
+//
+// A first pass lays every needed K/V block out for the dot products, once
+// per request, KV head and block (the tiles of a request share it):
+//   K as [D/2][16] pairs: pair j of each of the block's 16 keys, so one
+//     vector holds 16 keys and a query's pair j is broadcast against it;
+//   V as [8][D] pairs: keys 2i and 2i+1 of each dimension, so a query's
+//     probability pair is broadcast against D/16 vectors.
+// Positions past a request's context are zero in both (never NaN, whose
+// product with a zero probability would still be NaN).
+
+template <int64_t D>
+struct PackedBlock {
+  static constexpr int64_t kWords = kBlock * D / 2;  // int32 words per K (and per V)
+};
+
+template <int64_t D>
+void pack_block(const at::BFloat16* kb, const at::BFloat16* vb, int64_t row_stride, int64_t keys,
+                uint32_t* __restrict kp, uint32_t* __restrict vp) {
+  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(kb);
+  const uint16_t* v16 = reinterpret_cast<const uint16_t*>(vb);
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const uint32_t* krow = reinterpret_cast<const uint32_t*>(k16 + k * row_stride);
+    for (int64_t j = 0; j < D / 2; ++j) kp[j * kBlock + k] = k < keys ? krow[j] : 0u;
+  }
+  for (int64_t i = 0; i < kBlock / 2; ++i) {
+    const int64_t k0 = 2 * i, k1 = 2 * i + 1;
+    for (int64_t d = 0; d < D; ++d) {
+      const uint32_t lo = k0 < keys ? v16[k0 * row_stride + d] : 0u;
+      const uint32_t hi = k1 < keys ? v16[k1 * row_stride + d] : 0u;
+      vp[i * D + d] = lo | (hi << 16);
+    }
+  }
+}
+
+// s[r][0:16] = q_r . keys, R rows at once (independent accumulators).
+template <int64_t D, int64_t R>
+inline void bf16_scores_rows(const uint32_t* __restrict q, const uint32_t* __restrict kp,
+                             float* __restrict s) {
+  __m512 acc[R];
+  for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + j * kBlock);
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (D / 2) + j]));
+      acc[r] = _mm512_dpbf16_ps(acc[r], qv, kv);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock, acc[r]);
+}
+
+// acc[r] = acc[r] * corr[r] + sum_k p[r][k] v[k], R rows at once.
+template <int64_t D, int64_t R>
+inline void bf16_accumulate_rows(float* __restrict acc, const uint32_t* __restrict p,
+                                 const float* __restrict corr, const uint32_t* __restrict vp,
+                                 int64_t pairs) {
+  constexpr int64_t V = D / 16;
+  __m512 a[R][V];
+  for (int64_t r = 0; r < R; ++r) {
+    const __m512 c = _mm512_set1_ps(corr[r]);
+    for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), c);
+  }
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m512bh vv[V];
+    for (int64_t i = 0; i < V; ++i) vv[i] = (__m512bh)_mm512_loadu_si512(vp + kp * D + 16 * i);
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512bh pv = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[r * (kBlock / 2) + kp]));
+      for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], pv, vv[i]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, a[r][i]);
+}
+
+template <int64_t D>
+void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_table, const at::Tensor& seq_lens,
+                            const at::Tensor& query_start_loc, const std::vector<int64_t>& reqs,
+                            const std::vector<Task>& tasks, double scale) {
+  const int64_t num_heads = query.size(1);
+  const int64_t num_kv_heads = kv_cache.size(3);
+  const int64_t group = num_heads / num_kv_heads;
+  using bf16 = at::BFloat16;
+  const bf16* q_base = query.data_ptr<bf16>();
+  bf16* o_base = out.data_ptr<bf16>();
+  const bf16* k_cache = kv_cache[0].data_ptr<bf16>();
+  const bf16* v_cache = kv_cache[1].data_ptr<bf16>();
+  const int32_t* tables = block_table.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int64_t q_tok_stride = query.stride(0), q_head_stride = query.stride(1);
+  const int64_t o_tok_stride = out.stride(0), o_head_stride = out.stride(1);
+  const int64_t table_stride = block_table.stride(0);
+  const int64_t row_stride = num_kv_heads * D;
+  const int64_t block_stride = kBlock * row_stride;
+  const float fscale = static_cast<float>(scale);
+  constexpr int64_t W = PackedBlock<D>::kWords;
+
+  // Pass 1: pack each request's blocks, per KV head. packed_base[i] is the
+  // first block of reqs[i]; a block's K words, then its V words, per head.
+  std::vector<int64_t> packed_base(reqs.size() + 1, 0);
+  std::vector<int64_t> req_slot(seq_lens.size(0), -1);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    req_slot[reqs[i]] = static_cast<int64_t>(i);
+    packed_base[i + 1] = packed_base[i] + (lens[reqs[i]] + kBlock - 1) / kBlock;
+  }
+  const int64_t total_blocks = packed_base.back();
+  std::vector<uint32_t> packed(static_cast<size_t>(total_blocks * num_kv_heads * 2 * W));
+  auto packed_at = [&](int64_t slot, int64_t block, int64_t head) {
+    return packed.data() + ((packed_base[slot] + block) * num_kv_heads + head) * 2 * W;
+  };
+  at::parallel_for(0, total_blocks * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t flat_block = item / num_kv_heads, head = item % num_kv_heads;
+      const int64_t slot = std::upper_bound(packed_base.begin(), packed_base.end(), flat_block) -
+                           packed_base.begin() - 1;
+      const int64_t req = reqs[slot], block = flat_block - packed_base[slot];
+      const int64_t keys = std::min(kBlock, lens[req] - block * kBlock);
+      const int64_t id = tables[req * table_stride + block];
+      uint32_t* dst = packed_at(slot, block, head);
+      pack_block<D>(k_cache + id * block_stride + head * D, v_cache + id * block_stride + head * D,
+                    row_stride, keys, dst, dst + W);
+    }
+  });
+
+  // Pass 2: the tiles.
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    FlushDenormals ftz;
+    const int64_t max_rows = kTileQ * group;
+    std::vector<uint32_t> q(max_rows * D / 2), p(max_rows * kBlock / 2);
+    std::vector<float> acc(max_rows * D), s(max_rows * kBlock);
+    std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
+    for (int64_t t = begin; t < end; ++t) {
+      const Task& task = tasks[t];
+      const int64_t slot = req_slot[task.req];
+      const int64_t seq_len = lens[task.req];
+      const int64_t q_len = qsl[task.req + 1] - qsl[task.req];
+      const int64_t first_tok = qsl[task.req];
+      const int64_t offset = seq_len - q_len;
+      const int64_t n_pos = task.q_end - task.q_begin;
+      const int64_t rows = n_pos * group;
+      // The queries, scaled in float and rounded to bf16 pairs.
+      for (int64_t i = 0; i < n_pos; ++i) {
+        const int64_t tok = first_tok + task.q_begin + i;
+        for (int64_t g = 0; g < group; ++g) {
+          const bf16* src = q_base + tok * q_tok_stride + (task.kv_head * group + g) * q_head_stride;
+          bf16* dst = reinterpret_cast<bf16*>(q.data() + (i * group + g) * (D / 2));
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<bf16>(static_cast<float>(src[d]) * fscale);
+        }
+      }
+      std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
+      std::fill(maxes.begin(), maxes.begin() + rows, kMasked);
+      std::fill(sums.begin(), sums.begin() + rows, 0.f);
+      const int64_t first_pos = offset + task.q_begin;
+      const int64_t last_pos = offset + task.q_end - 1;
+      const int64_t n_blocks = last_pos / kBlock + 1;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t base = b * kBlock;
+        const int64_t keys = std::min(kBlock, last_pos + 1 - base);
+        const uint32_t* kp = packed_at(slot, b, task.kv_head);
+        const uint32_t* vp = kp + W;
+        int64_t r = 0;
+        for (; r + kRowBlock <= rows; r += kRowBlock)
+          bf16_scores_rows<D, kRowBlock>(q.data() + r * (D / 2), kp, s.data() + r * kBlock);
+        for (; r < rows; ++r) bf16_scores_rows<D, 1>(q.data() + r * (D / 2), kp, s.data() + r * kBlock);
+        for (r = 0; r < rows; ++r) {
+          float* sr = s.data() + r * kBlock;
+          softmax_block(sr, first_pos + r / group - base + 1, maxes[r], sums[r], corr[r]);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.data() + r * (kBlock / 2)),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr)));
+        }
+        const int64_t pairs = (keys + 1) / 2;
+        constexpr int64_t RA = D <= 64 ? 4 : 2;  // rows x D/16 accumulators in registers
+        for (r = 0; r + RA <= rows; r += RA)
+          bf16_accumulate_rows<D, RA>(acc.data() + r * D, p.data() + r * (kBlock / 2), corr.data() + r, vp, pairs);
+        for (; r < rows; ++r)
+          bf16_accumulate_rows<D, 1>(acc.data() + r * D, p.data() + r * (kBlock / 2), corr.data() + r, vp, pairs);
+      }
+      for (int64_t i = 0; i < n_pos; ++i) {
+        const int64_t tok = first_tok + task.q_begin + i;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = i * group + g;
+          bf16* dst = o_base + tok * o_tok_stride + (task.kv_head * group + g) * o_head_stride;
+          const float inv = 1.f / sums[r];
+          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<bf16>(acc[r * D + d] * inv);
+        }
+      }
+    }
+  });
+}
+#endif  // __AVX512BF16__
+
+}  // namespace
+
+// For each request r in `rows`: out[qsl[r]:qsl[r+1]] = causal attention of
+// those queries (the last q_len of seq_lens[r] positions) over the request's
+// paged context.
+void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
+                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
+                       at::Tensor rows, double scale) {
+  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
+  TORCH_CHECK(kv_cache.size(2) == kBlock, "block size must be ", kBlock);
+  const int64_t head_size = query.size(2);
+  TORCH_CHECK(head_size == 64 || head_size == 128, "head size must be 64 or 128");
+  TORCH_CHECK(kv_cache.size(4) == head_size, "head sizes differ");
+  TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
+              "query, out and cache dtypes differ");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
+  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && query_start_loc.is_contiguous(),
+              "query_start_loc: int32");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous(), "rows: int64");
+  TORCH_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_table.size(0) >= seq_lens.size(0),
+              "one row per request");
+  // Bounds, checked once here rather than per read.
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int64_t* reqs = rows.data_ptr<int64_t>();
+  const int64_t width = block_table.size(1), num_blocks = kv_cache.size(1);
+  const int64_t num_tokens = query.size(0), num_kv_heads = kv_cache.size(3);
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < rows.size(0); ++i) {
+    const int64_t r = reqs[i];
+    TORCH_CHECK(r >= 0 && r < seq_lens.size(0), "rows[", i, "] = ", r, " is not a request");
+    const int64_t q_len = qsl[r + 1] - qsl[r];
+    TORCH_CHECK(qsl[r] >= 0 && qsl[r + 1] <= num_tokens && q_len >= 1, "query_start_loc out of range");
+    TORCH_CHECK(lens[r] >= q_len && lens[r] <= width * kBlock,
+                "seq_lens[", r, "] = ", lens[r], " outside ", q_len, "..", width * kBlock);
+    for (int64_t b = 0; b < (lens[r] + kBlock - 1) / kBlock; ++b) {
+      const int32_t id = table[r * block_table.stride(0) + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
+    }
+    // Tiles from the chunk's end: the last (longest) ones first, so the
+    // scheduler's static chunks of the task list end up even.
+    for (int64_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t e = q_len; e > 0; e -= kTileQ) tasks.push_back({r, h, std::max<int64_t>(0, e - kTileQ), e});
+  }
+  if (tasks.empty()) return;
+#if defined(__AVX512BF16__)
+  if (query.scalar_type() == at::kBFloat16) {
+    const std::vector<int64_t> req_list(reqs, reqs + rows.size(0));
+    if (head_size == 64)
+      prefill_attention_bf16<64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
+    else
+      prefill_attention_bf16<128>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
+    return;
+  }
+#endif
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_attention", [&] {
+    if (head_size == 64)
+      prefill_attention_impl<scalar_t, 64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, tasks, scale);
+    else
+      prefill_attention_impl<scalar_t, 128>(out, query, kv_cache, block_table, seq_lens, query_start_loc, tasks, scale);
+  });
+}
