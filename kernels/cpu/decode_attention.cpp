@@ -18,6 +18,12 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <type_traits>
 
 #include <cmath>
 #include <limits>
@@ -54,6 +60,128 @@ template <typename scalar_t>
 inline void axpy(float* __restrict y, float a, const scalar_t* __restrict x, int64_t d) {
   for (int64_t i = 0; i < d; ++i) y[i] += a * static_cast<float>(x[i]);
 }
+
+#if defined(__AVX512F__)
+// The AVX-512 path: 16 positions at a time. Each position's K row is
+// multiplied with every query head of its group (D/16 FMAs per head, the
+// products kept as vectors); the 16 partial vectors are then summed across
+// their lanes together (a shuffle tree, 45 instructions for 16 scores, where
+// 16 separate horizontal sums take ~160); the online softmax is one vector
+// per head (exp512, shared with prefill_attention.cpp); V rows are
+// converted once and added into every head of the group. Measured 389 us
+// per layer for the scalar loop at 16 requests x 300 positions in bf16.
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// out[k] = sum of v[k]'s 16 lanes, for k < 16.
+inline __m512 lane_sums(const __m512* v) {
+  __m512 w[8];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                         _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  __m512 u[4];
+  for (int j = 0; j < 4; ++j)
+    u[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// e^x for x <= 0; see prefill_attention.cpp.
+inline __m512 exp512(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr float kMasked = -1e30f;
+
+// One request, every head: q [heads][D] scaled, float; writes out rows.
+template <typename scalar_t, int64_t D>
+void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stride,
+                           const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* table,
+                           int64_t len, int64_t block_size, int64_t block_stride,
+                           int64_t row_stride, int64_t num_kv_heads, int64_t group,
+                           float* acc, float* maxes, float* sums) {
+  constexpr int64_t V = D / 16;
+  const int64_t heads = num_kv_heads * group;
+  std::fill(acc, acc + heads * D, 0.f);
+  std::fill(maxes, maxes + heads, kMasked);
+  std::fill(sums, sums + heads, 0.f);
+  const scalar_t* krows[16];
+  const scalar_t* vrows[16];
+  alignas(64) float p[16];
+  for (int64_t start = 0; start < len; start += 16) {
+    const int64_t n = std::min<int64_t>(16, len - start);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t pos = start + k;
+      const int64_t off = table[pos / block_size] * block_stride + (pos % block_size) * row_stride;
+      krows[k] = k_cache + off;
+      vrows[k] = v_cache + off;
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
+    for (int64_t h = 0; h < num_kv_heads; ++h) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = h * group + g;
+        __m512 qv[V];
+        for (int64_t i = 0; i < V; ++i) qv[i] = _mm512_loadu_ps(q + head * D + 16 * i);
+        __m512 part[16];
+        for (int64_t k = 0; k < 16; ++k) {
+          if (k >= n) {
+            part[k] = _mm512_setzero_ps();
+            continue;
+          }
+          const scalar_t* kr = krows[k] + h * D;
+          __m512 a = _mm512_mul_ps(qv[0], load16(kr));
+          for (int64_t i = 1; i < V; ++i) a = _mm512_fmadd_ps(qv[i], load16(kr + 16 * i), a);
+          part[k] = a;
+        }
+        const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, lane_sums(part));
+        const float m = std::max(maxes[head], _mm512_reduce_max_ps(sv));
+        const __m512 pv = _mm512_maskz_mov_ps(keep, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m))));
+        const float corr = std::exp(maxes[head] - m);
+        sums[head] = sums[head] * corr + _mm512_reduce_add_ps(pv);
+        maxes[head] = m;
+        _mm512_store_ps(p, pv);
+        __m512 a[V];
+        const __m512 c = _mm512_set1_ps(corr);
+        for (int64_t i = 0; i < V; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + head * D + 16 * i), c);
+        for (int64_t k = 0; k < n; ++k) {
+          const scalar_t* vr = vrows[k] + h * D;
+          const __m512 pk = _mm512_set1_ps(p[k]);
+          for (int64_t i = 0; i < V; ++i) a[i] = _mm512_fmadd_ps(pk, load16(vr + 16 * i), a[i]);
+        }
+        for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + head * D + 16 * i, a[i]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < heads; ++j) {
+    scalar_t* dst = o_base + j * o_head_stride;
+    const float inv = 1.f / sums[j];
+    for (int64_t i = 0; i < D; ++i) dst[i] = static_cast<scalar_t>(acc[j * D + i] * inv);
+  }
+}
+#endif  // __AVX512F__
 
 template <typename scalar_t>
 void decode_attention_impl(
@@ -104,6 +232,17 @@ void decode_attention_impl(
         const scalar_t* src = q_base + tok * q_tok_stride + j * q_head_stride;
         for (int64_t i = 0; i < head_size; ++i) q[j * head_size + i] = static_cast<float>(src[i]) * fscale;
       }
+#if defined(__AVX512F__)
+      if constexpr (!std::is_same_v<scalar_t, double>) {
+        if (head_size == 64 || head_size == 128) {
+          auto run = head_size == 64 ? decode_request_avx512<scalar_t, 64> : decode_request_avx512<scalar_t, 128>;
+          run(q.data(), o_base + tok * o_tok_stride, o_head_stride, k_cache, v_cache, table, len,
+              block_size, block_stride, row_stride, num_kv_heads, group, acc.data(), maxes.data(),
+              sums.data());
+          continue;
+        }
+      }
+#endif
       logits.resize(rows * len);
       std::fill(maxes.begin(), maxes.end(), std::numeric_limits<float>::lowest());
       for (int64_t pos = 0; pos < len; ++pos) {
