@@ -21,6 +21,6 @@ for name, folder in ROOTS.items():
 setup(
     packages=packages,
     package_dir=ROOTS,
-    package_data={"pagoda.operator": ["*.yaml", "**/*.yaml"], "pagoda.kernels.cpu": ["*.cpp"]},
+    package_data={"pagoda.operator": ["*.yaml", "**/*.yaml"], "pagoda.kernels.cpu": ["*.cpp", "*.h"]},
     include_package_data=True,
 )

@@ -36,6 +36,8 @@ SOURCES = [
     Path(__file__).with_name(name)
     for name in ("bindings.cpp", "decode_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp")
 ]
+# Included by the sources: part of what a build is cached under.
+HEADERS = [Path(__file__).with_name("attention_common.h")]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
 # thread. The libgomp.so.1 torch already loaded serves the extension (same
@@ -72,7 +74,7 @@ def build_directory() -> Path:
 
     digest = hashlib.sha256()
     for part in (
-        *(p.read_bytes() for p in SOURCES),
+        *(p.read_bytes() for p in SOURCES + HEADERS),
         " ".join(EXTRA_CFLAGS + EXTRA_LDFLAGS).encode(),
         torch.__version__.encode(),
         _cpu_identity(),

@@ -29,22 +29,13 @@
 #include <limits>
 #include <vector>
 
+#include "attention_common.h"
+
 namespace {
 
-// Flush denormals to zero while the kernel runs on this thread: a peaked
-// softmax underflows exp() into denormals, and arithmetic on them is many
-// times slower (measured 1.7x for the whole kernel); they are below 1e-38 of
-// the largest probability, so zero is as good an answer.
-class FlushDenormals {
- public:
-#if defined(__SSE__)
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-
- private:
-  unsigned int saved_;
-#endif
-};
+using pagoda_cpu::FlushDenormals;
+using pagoda_cpu::kMasked;
+using pagoda_cpu::softmax_block16;
 
 // sum(a[i] * b[i]) in float. -ffast-math lets the compiler vectorize the
 // reduction and finish it with a shuffle tree: a hand-written 16-lane
@@ -67,7 +58,7 @@ inline void axpy(float* __restrict y, float a, const scalar_t* __restrict x, int
 // products kept as vectors); the 16 partial vectors are then summed across
 // their lanes together (a shuffle tree, 45 instructions for 16 scores, where
 // 16 separate horizontal sums take ~160); the online softmax is one vector
-// per head (exp512, shared with prefill_attention.cpp); V rows are
+// per head (softmax_block16, shared with prefill_attention.cpp); V rows are
 // converted once and added into every head of the group. Measured 389 us
 // per layer for the scalar loop at 16 requests x 300 positions in bf16.
 
@@ -98,24 +89,6 @@ inline __m512 lane_sums(const __m512* v) {
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// e^x for x <= 0; see prefill_attention.cpp.
-inline __m512 exp512(__m512 x) {
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 720.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
-
-constexpr float kMasked = -1e30f;
-
 // One request, every head: q [heads][D] scaled, float; writes out rows.
 template <typename scalar_t, int64_t D>
 void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stride,
@@ -139,7 +112,6 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
       krows[k] = k_cache + off;
       vrows[k] = v_cache + off;
     }
-    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t head = h * group + g;
@@ -156,13 +128,9 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
           for (int64_t i = 1; i < V; ++i) a = _mm512_fmadd_ps(qv[i], load16(kr + 16 * i), a);
           part[k] = a;
         }
-        const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(kMasked), keep, lane_sums(part));
-        const float m = std::max(maxes[head], _mm512_reduce_max_ps(sv));
-        const __m512 pv = _mm512_maskz_mov_ps(keep, exp512(_mm512_sub_ps(sv, _mm512_set1_ps(m))));
-        const float corr = std::exp(maxes[head] - m);
-        sums[head] = sums[head] * corr + _mm512_reduce_add_ps(pv);
-        maxes[head] = m;
-        _mm512_store_ps(p, pv);
+        _mm512_store_ps(p, lane_sums(part));
+        float corr;
+        softmax_block16(p, n, maxes[head], sums[head], corr);
         __m512 a[V];
         const __m512 c = _mm512_set1_ps(corr);
         for (int64_t i = 0; i < V; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + head * D + 16 * i), c);
