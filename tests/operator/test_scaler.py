@@ -49,32 +49,44 @@ def T(*queues: float | None, expect: int, starting: int = 0) -> Tick:
     return Tick(tuple(queues), expect, starting)
 
 
+def decide_all(policy: Policy, replicas: int, steps, every: float = 5.0, check: bool = True):
+    """steps: (samples, ready, starting, expected) per tick. Decide each tick
+    in order, carrying state and replicas; with `check`, fail at the first
+    tick whose count differs from `expected`."""
+    state, decisions = State(), []
+    for index, (samples, ready, starting, expected) in enumerate(steps):
+        obs = Observation(
+            time=index * every, replicas=replicas, ready=ready, starting=starting, samples=samples
+        )
+        decision = decide(policy, state, obs)
+        if check:
+            assert decision.replicas == expected, (
+                f"tick {index} (t={index * every:.0f}s): expected {expected}, decided "
+                f"{decision.replicas} ({decision.reason}: {decision.message})"
+            )
+        state, replicas = decision.state, decision.replicas
+        decisions.append(decision)
+    return decisions
+
+
 def replay(
     ticks: list[Tick], policy: Policy = POLICY, replicas: int = 1, every: float = 5.0
 ) -> list[Decision]:
     """Run the ticks in order; fail at the first tick whose count differs from the table."""
-    state, decisions = State(), []
-    for index, tick in enumerate(ticks):
-        samples = tuple(
-            PodSample(queue=q, running=tick.running[i] if i < len(tick.running) else 0.0)
-            for i, q in enumerate(tick.queues)
-            if q is not None
+    steps = (
+        (
+            tuple(
+                PodSample(queue=q, running=tick.running[i] if i < len(tick.running) else 0.0)
+                for i, q in enumerate(tick.queues)
+                if q is not None
+            ),
+            len(tick.queues),
+            tick.starting,
+            tick.expected,
         )
-        obs = Observation(
-            time=index * every,
-            replicas=replicas,
-            ready=len(tick.queues),
-            starting=tick.starting,
-            samples=samples,
-        )
-        decision = decide(policy, state, obs)
-        assert decision.replicas == tick.expected, (
-            f"tick {index} (t={index * every:.0f}s): expected {tick.expected}, decided "
-            f"{decision.replicas} ({decision.reason}: {decision.message})"
-        )
-        state, replicas = decision.state, decision.replicas
-        decisions.append(decision)
-    return decisions
+        for tick in ticks
+    )
+    return decide_all(policy, replicas, steps, every)
 
 
 def spread(total: float, ready: int, expect: int, starting: int = 0) -> Tick:
@@ -390,10 +402,10 @@ def replay_rated(
 
     With `check`, fail at the first tick whose count differs from the table.
     """
-    state, decisions = State(), []
-    for index, tick in enumerate(ticks):
+
+    def samples(tick: Rated) -> tuple[PodSample, ...]:
         n = len(tick.queues)
-        samples = tuple(
+        return tuple(
             PodSample(
                 queue=q,
                 running=tick.running,
@@ -406,16 +418,9 @@ def replay_rated(
             )
             for i, q in enumerate(tick.queues)
         )
-        obs = Observation(index * 5.0, replicas, n, tick.starting, samples)
-        decision = decide(policy, state, obs)
-        if check and not hide:
-            assert decision.replicas == tick.expected, (
-                f"tick {index} (t={index * 5}s): expected {tick.expected}, decided "
-                f"{decision.replicas} ({decision.reason}: {decision.message})"
-            )
-        state, replicas = decision.state, decision.replicas
-        decisions.append(decision)
-    return decisions
+
+    steps = ((samples(t), len(t.queues), t.starting, t.expected) for t in ticks)
+    return decide_all(policy, replicas, steps, check=check and not hide)
 
 
 def burst_with_a_stuck_backlog() -> list[Rated]:
