@@ -21,6 +21,9 @@ for name, folder in ROOTS.items():
 setup(
     packages=packages,
     package_dir=ROOTS,
-    package_data={"pagoda.operator": ["*.yaml", "**/*.yaml"], "pagoda.kernels.cpu": ["*.cpp", "*.h"]},
+    package_data={
+        "pagoda.operator": ["*.yaml", "**/*.yaml"],
+        "pagoda.kernels.cpu": ["*.cpp", "*.h"],
+    },
     include_package_data=True,
 )
