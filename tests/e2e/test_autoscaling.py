@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 from kubesim.cluster import Cluster
-from kubesim.testing import events
 
 from .conftest import STARTUP_TIMEOUT, light_cpu_demo
 
@@ -131,8 +130,9 @@ async def test_a_queue_scales_out_within_30s_and_back_in_after_the_window(
     assert status["desiredReplicas"] == 1 and status["queueDepth"] == 0
     scaling = cluster.condition(NAME, "ScalingActive")
     assert scaling is not None and scaling["status"] == "True"
-    reasons = [e.get("reason") for e in events(cluster.api)]
-    assert "ScaledUp" in reasons and "ScaledDown" in reasons
+    (up,) = await cluster.wait_for_events("ScaledUp")
+    (down,) = await cluster.wait_for_events("ScaledDown")
+    assert "1 -> 2 replicas" in up["message"] and "2 -> 1 replicas" in down["message"]
     print(f"scaled out {took:.1f}s after the load began; in {idle:.1f}s after it stopped")
 
 
@@ -190,6 +190,6 @@ async def test_a_pod_whose_metrics_die_is_skipped_not_counted_idle(cluster: Clus
     scaling = cluster.condition(NAME, "ScalingActive")
     assert scaling is not None and scaling["reason"] == "PartialMetrics", scaling
     assert pods[1].name in scaling["message"]
-    warnings = events(cluster.api, "MetricsUnavailable")
+    warnings = await cluster.wait_for_events("MetricsUnavailable")
     assert warnings and pods[1].name in warnings[0]["message"]
     assert cluster.is_ready(NAME)  # the pod itself serves on: only its metrics are gone

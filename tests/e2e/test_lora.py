@@ -10,6 +10,7 @@ tested in tests/operator/test_adapters.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ async def test_a_restarted_pod_serves_its_adapters_before_it_is_ready(
         CONVERGE_TIMEOUT,
         "AdaptersReady",
     )
+    await asyncio.sleep(1)  # kopf posts Events from a queue of its own: let it drain first
     loads_before = len(events(cluster.api, "AdapterLoaded"))
     cluster.kill(pod)
     await cluster.wait_for(lambda: not pod.ready, 30, "the pod not ready after the kill")
@@ -178,7 +180,7 @@ async def test_a_bad_source_fails_the_condition_with_the_runtimes_words(
     condition = adapters_condition(cluster)
     assert condition["status"] == "False"
     assert "broken" in condition["message"] and "adapter_config.json" in condition["message"]
-    (failed,) = events(cluster.api, "AdapterFailed")
+    (failed,) = await cluster.wait_for_events("AdapterFailed")
     assert failed["type"] == "Warning" and "adapter_config.json" in failed["message"]
     entries = {e["name"]: e for e in cluster.get("LLMService", NAME)["status"]["adapters"]}
     assert entries["good"]["readyPods"] == 1 and entries["good"]["failedPods"] == 0

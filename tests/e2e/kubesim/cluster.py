@@ -37,7 +37,7 @@ from kubesim.network import AddressPool
 from kubesim.operator import OperatorThread, write_kubeconfig
 from kubesim.proxy import ServiceProxy
 from kubesim.resources import declare
-from kubesim.testing import LLMS, NS, RESOURCE_OF, create, path_of
+from kubesim.testing import LLMS, NS, RESOURCE_OF, create, events, path_of
 from pagoda.operator.config import OperatorConfig
 
 log = logging.getLogger("kubesim")
@@ -207,6 +207,21 @@ class Cluster:
             await asyncio.sleep(interval)
         raise AssertionError(
             f"not {what} within {timeout:.0f}s (last error: {last_error!r})\n{self.describe()}"
+        )
+
+    async def wait_for_events(
+        self, reason: str, timeout: float = 10, count: int = 1
+    ) -> list[dict[str, Any]]:
+        """The Events of one reason, once at least `count` were posted.
+
+        kopf posts Events from a queue of its own, after the handler that
+        raised them returns: an Event may reach the API server after a status
+        write the same handler made, so a test must wait for it, not read it.
+        """
+        return await self.wait_for(
+            lambda: (found := events(self.api, reason)) and len(found) >= count and found,
+            timeout,
+            f"{count} {reason} Event(s)",
         )
 
     def describe(self) -> str:
