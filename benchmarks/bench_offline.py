@@ -38,18 +38,22 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
-    """Measured FLOP/s of an n x n x n matmul (median of reps): the faster of
-    torch.matmul and oneDNN's prepacked GEMM (what the engine's linears run).
+    """Measured FLOP/s of an n x n x n matmul (median of reps): the fastest of
+    torch.matmul and the packed linears' kernels (pagoda's and oneDNN's).
     In float32 torch.matmul is MKL's sgemm, which on AMD CPUs takes a slower
     code path (half oneDNN's rate on the benchmark machine, issue 13)."""
-    from pagoda.runtime.layers import onednn
+    from pagoda.kernels import cpu as cpu_kernels
+    from pagoda.runtime.layers import packed_linear
 
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     candidates = [lambda: a @ b]
-    if onednn.available(dtype, a.device):
-        packed = onednn.pack(b, n)
-        candidates.append(lambda: onednn.linear(a, packed, None))
+    kernels = ["onednn"] if packed_linear.onednn_available(dtype) else []
+    if cpu_kernels.linear_ops(dtype) is not None:
+        kernels.append("pagoda")
+    for kernel in kernels:
+        packed = packed_linear.pack(b, n, kernel=kernel)
+        candidates.append(lambda packed=packed: packed_linear.linear(a, packed, None))
     best = 0.0
     for fn in candidates:
         fn()

@@ -136,7 +136,7 @@ class EngineArgs:
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
     # CUDA: RMSNorm, SiLU-and-mul and RoPE run as Triton kernels; CPU: linear
-    # layers run oneDNN on weights prepacked at load (layers/onednn.py). Off
+    # layers run on weights packed at load (layers/packed_linear.py). Off
     # forces the plain torch path (the twins in pagoda.kernels.reference,
     # F.linear), e.g. to bisect a problem.
     fused_kernels: bool = True

@@ -1,7 +1,7 @@
 """C++ kernels for the CPU, compiled on first use for the CPU they run on:
 paged decode and prefill attention (`decode_attention.cpp`,
-`prefill_attention.cpp`), and RMSNorm with the
-residual add and RoPE (`layer_ops.cpp`), which round where the torch twins
+`prefill_attention.cpp`), linear layers on packed weights (`linear.cpp`),
+and RMSNorm with the residual add and RoPE (`layer_ops.cpp`), which round where the torch twins
 round (RoPE gives their bits, RMSNorm within one unit in the last place).
 
 The torch path stays the reference and the fallback: where no C++ compiler
@@ -34,7 +34,13 @@ logger = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("bindings.cpp", "decode_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp")
+    for name in (
+        "bindings.cpp",
+        "decode_attention.cpp",
+        "prefill_attention.cpp",
+        "layer_ops.cpp",
+        "linear.cpp",
+    )
 ]
 # Included by the sources: part of what a build is cached under.
 HEADERS = [Path(__file__).with_name("attention_common.h")]
@@ -122,7 +128,7 @@ def extension() -> object | None:
         return build()
     except Exception as exc:  # a missing compiler, ninja, or headers: keep serving
         logger.warning(
-            "C++ CPU kernels unavailable, attention, RMSNorm and RoPE run in torch (slower): %s",
+            "C++ CPU kernels unavailable, attention, RMSNorm and RoPE run in torch, linears in oneDNN (slower): %s",
             str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
         )
         return None
@@ -141,3 +147,14 @@ def prefill_attention_op() -> Callable | None:
     built. It takes block size 16 and head sizes 64 and 128 only."""
     ext = extension()
     return ext.prefill_attention if ext is not None else None
+
+
+def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:
+    """`(pack_linear_weight(weight), packed_linear(x, packed, out_features,
+    bias))` for a torch dtype, or None where the extension cannot be built or
+    this CPU has no kernel for the dtype (float32 needs AVX-512, bfloat16
+    AVX512-BF16)."""
+    ext = extension()
+    if ext is None or not ext.linear_supported(dtype):
+        return None
+    return ext.pack_linear_weight, ext.packed_linear

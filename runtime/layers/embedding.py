@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
-from pagoda.runtime.layers import onednn
+from pagoda.runtime.layers import packed_linear
 from pagoda.runtime.model_loader.weights import Weight, materialize
 from torch import nn
 
@@ -57,9 +57,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share the embedding's weight."""
 
-    # The weight reordered for oneDNN on the CPU (`onednn.pack_model`); the
+    # The weight packed for a CPU linear kernel (`packed_linear.pack_model`); the
     # plain `weight` stays, as the embedding may share it.
-    packed_weight: torch.Tensor | None = None
+    packed_weight: packed_linear.PackedWeight | None = None
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
@@ -68,7 +68,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """Logits [T, V] on the first rank, None on the others: each rank
         computes its vocabulary slice and rank 0 gathers them (only it samples)."""
         if self.packed_weight is not None:
-            local = onednn.linear(hidden_states, self.packed_weight, None)
+            local = packed_linear.linear(hidden_states, self.packed_weight, None)
         else:
             local = F.linear(hidden_states, self.weight)
         logits = self.tp.gather(local, dim=-1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
-from pagoda.runtime.layers import onednn
+from pagoda.runtime.layers import packed_linear
 from pagoda.runtime.model_loader.weights import Weight, copy_weight, shard
 from torch import nn
 
@@ -43,9 +43,9 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    # The weight reordered for oneDNN on the CPU (`onednn.pack_model`), which
-    # then replaces `weight`; None: `weight` is used as is.
-    packed_weight: torch.Tensor | None = None
+    # The weight packed for a CPU linear kernel (`packed_linear.pack_model`),
+    # which then replaces `weight`; None: `weight` is used as is.
+    packed_weight: packed_linear.PackedWeight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Weight, shard_id=None) -> None:
         raise NotImplementedError
@@ -53,7 +53,7 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x @ W^T (+ bias) on this rank's weight, packed or plain."""
         if self.packed_weight is not None:
-            return onednn.linear(x, self.packed_weight, bias)
+            return packed_linear.linear(x, self.packed_weight, bias)
         return F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

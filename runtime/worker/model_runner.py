@@ -12,7 +12,7 @@ from pagoda.runtime.attention.selector import select_backend
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
-from pagoda.runtime.layers import onednn
+from pagoda.runtime.layers import packed_linear
 from pagoda.runtime.layers.custom_op import set_cpu_kernels, set_triton_kernels
 from pagoda.runtime.lora.manager import LoRAManager
 from pagoda.runtime.lora.request import LoRARequest
@@ -51,9 +51,11 @@ class ModelRunner:
         # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
         # would run, but orders of magnitude slower than the torch twins.
         self.use_triton_kernels = runner.fused_kernels and device.type == "cuda"
-        # On the CPU the fast path is oneDNN linears on prepacked weights and
-        # the C++ kernels (decode attention, RMSNorm, RoPE) where they build.
-        self.use_packed_weights = runner.fused_kernels and onednn.available(self.dtype, device)
+        # On the CPU the fast path is linears on weights packed at load and
+        # the C++ kernels (attention, RMSNorm, RoPE) where they build.
+        self.use_packed_weights = runner.fused_kernels and packed_linear.available(
+            self.dtype, device
+        )
         self.use_cpu_kernels = (
             runner.fused_kernels and device.type == "cpu" and cpu_kernels.extension() is not None
         )
@@ -109,7 +111,7 @@ class ModelRunner:
         if self.use_packed_weights:
             # After the LoRA wrappers, which size their buffers from the
             # plain weights; the hint is the decode batch.
-            onednn.pack_model(self.model, self.scheduler_config.max_num_seqs)
+            packed_linear.pack_model(self.model, self.scheduler_config.max_num_seqs)
         if self.spec is not None:
             self.spec.proposer.load_model()
 

@@ -1,0 +1,255 @@
+// Linear layers on the CPU: y = x W^T (+ bias) on a weight packed once at
+// load time, for every number of rows a step brings (issue 13).
+//
+// Why not oneDNN's prepacked linear, which this replaces where the CPU has
+// AVX-512: at the few rows of a decode step the layer is a read of the whole
+// weight, and oneDNN's call read SmolLM2's projections at 25-35 GB/s against
+// this kernel's 45-65 GB/s (1.4-2.3x at 1 row, 1.2-1.5x at 16, measured in
+// docs/benchmarks.md); at 256-512 rows the two are within 5% of each other,
+// so one layout and one kernel serve decode and prefill.
+//
+// The packed layout puts 64 outputs side by side: [ceil(N/64)][K][64] for
+// float32, and for bf16 pairs of K, [ceil(N/64)][ceil(K/2)][64][2], which is
+// what AVX512-BF16's pair dot product (vdpbf16ps) reads. A 64-output panel
+// is then one contiguous run of memory, read in order: four 64-byte lines
+// per K step, feeding four independent accumulators per row. Rows go in
+// tiles of up to 6 (24 accumulators, all in registers); a panel is walked in
+// K blocks of 256 KiB so that it stays in L2 while every row tile reads it.
+// Outputs past N and K past the weight's are zero padding.
+//
+// Sums are float32 and rounded once to the output dtype (bias added first),
+// as oneDNN's bf16 linear does; the order of the sum differs, so results
+// differ from F.linear's at rounding level.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kPanel = 64;     // outputs per panel: four 16-float vectors
+constexpr int kTileRows = 6;       // rows per register tile
+constexpr int64_t kChunkRows = 96;  // rows per task (a multiple of kTileRows)
+constexpr int64_t kBlockBytes = 256 * 1024;  // a panel's K block, kept in L2
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#if defined(__AVX512F__)
+
+// One K step of one row: 4 vectors of the panel times the row's value(s).
+struct Float32Step {
+  using T = float;
+  static constexpr int64_t kPerStep = 1;  // K elements per step
+  static __m512 broadcast(const float* x, int64_t k) { return _mm512_set1_ps(x[k]); }
+  static __m512 broadcast_last(const float* x, int64_t k) { return broadcast(x, k); }
+  static __m512 fma(__m512 acc, __m512 xv, const float* w) {
+    return _mm512_fmadd_ps(xv, _mm512_loadu_ps(w), acc);
+  }
+  static constexpr int64_t kVectorElems = 16;  // panel elements per vector
+  static __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+};
+
+#if defined(__AVX512BF16__)
+struct BFloat16Step {
+  using T = at::BFloat16;
+  static constexpr int64_t kPerStep = 2;
+  // The pair (x[k], x[k+1]) as one 32-bit lane, low half first.
+  static __m512 broadcast(const at::BFloat16* x, int64_t k) {
+    int32_t pair;
+    std::memcpy(&pair, x + k, 4);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+  }
+  // The last step of an odd K: (x[k], 0), as the weight's padding is zero;
+  // x[k + 1] is past the row.
+  static __m512 broadcast_last(const at::BFloat16* x, int64_t k) {
+    uint16_t half;
+    std::memcpy(&half, x + k, 2);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(half));
+  }
+  static __m512 fma(__m512 acc, __m512 xv, const at::BFloat16* w) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(xv),
+                            (__m512bh)_mm512_loadu_si512(w));
+  }
+  static constexpr int64_t kVectorElems = 32;  // 16 outputs x 2 K
+  static __m512 load(const at::BFloat16* p, __mmask16 m) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  // Rounded to nearest even, as c10::BFloat16's conversion rounds.
+  static void store(at::BFloat16* p, __m512 v, __mmask16 m) {
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+  }
+};
+#endif
+
+// acc[r][0..64) (+)= x[r][k0..k1) . panel; `panel` points at step k0.
+template <typename Step, int R>
+void tile(const typename Step::T* x, int64_t x_stride, int64_t K, const typename Step::T* panel,
+          int64_t k0, int64_t k1, float* acc, bool accumulate) {
+  using T = typename Step::T;
+  __m512 c[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j)
+      c[r][j] = accumulate ? _mm512_loadu_ps(acc + r * kPanel + j * 16) : _mm512_setzero_ps();
+  const T* w = panel;
+  // Whole steps; then, for bf16 and an odd K, the last element alone.
+  const int64_t whole_end = k1 - (k1 == K ? K % Step::kPerStep : 0);
+  int64_t k = k0;
+  for (; k < whole_end; k += Step::kPerStep, w += 4 * Step::kVectorElems) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = Step::broadcast(x + r * x_stride, k);
+      for (int j = 0; j < 4; ++j) c[r][j] = Step::fma(c[r][j], xv, w + j * Step::kVectorElems);
+    }
+  }
+  if (k < k1) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = Step::broadcast_last(x + r * x_stride, k);
+      for (int j = 0; j < 4; ++j) c[r][j] = Step::fma(c[r][j], xv, w + j * Step::kVectorElems);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + r * kPanel + j * 16, c[r][j]);
+}
+
+template <typename Step>
+void tile_rows(int rows, const typename Step::T* x, int64_t x_stride, int64_t K,
+               const typename Step::T* panel, int64_t k0, int64_t k1, float* acc, bool accumulate) {
+  switch (rows) {
+    case 6: return tile<Step, 6>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+    case 5: return tile<Step, 5>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+    case 4: return tile<Step, 4>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+    case 3: return tile<Step, 3>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+    case 2: return tile<Step, 2>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+    default: return tile<Step, 1>(x, x_stride, K, panel, k0, k1, acc, accumulate);
+  }
+}
+
+// out[r][n0 + j] = acc[r][j] + bias[n0 + j], rounded once, for j < valid.
+template <typename Step>
+void store_rows(const float* acc, int64_t rows, const typename Step::T* bias, int64_t n0,
+                int64_t valid, typename Step::T* out, int64_t out_stride) {
+  for (int64_t j = 0; j < valid; j += 16) {
+    const __mmask16 m = static_cast<__mmask16>(valid - j >= 16 ? 0xFFFF : (1u << (valid - j)) - 1);
+    const __m512 b = bias != nullptr ? Step::load(bias + n0 + j, m) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(acc + r * kPanel + j), b);
+      Step::store(out + r * out_stride + n0 + j, v, m);
+    }
+  }
+}
+
+template <typename Step>
+void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* bias,
+                 at::Tensor& out) {
+  using T = typename Step::T;
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const int64_t panels = packed.size(0);
+  const int64_t k_padded = ceil_div(K, Step::kPerStep) * Step::kPerStep;
+  const int64_t panel_elems = k_padded * kPanel;
+  // K per block: a multiple of the step, a panel's block within kBlockBytes.
+  const int64_t block_k = std::max<int64_t>(
+      Step::kPerStep, kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(T))) / Step::kPerStep *
+                          Step::kPerStep);
+  const T* xs = x.data_ptr<T>();
+  const T* ws = packed.data_ptr<T>();
+  const T* bs = bias != nullptr ? bias->data_ptr<T>() : nullptr;
+  T* os = out.data_ptr<T>();
+  const int64_t x_stride = x.stride(0), out_stride = out.stride(0);
+  const int64_t chunks = ceil_div(M, kChunkRows);
+  // Panel-major tasks: a thread's run of tasks walks its panels once, each
+  // panel against every row chunk while it is in cache.
+  at::parallel_for(0, panels * chunks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float acc[kChunkRows * kPanel];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t p = t / chunks, m0 = (t % chunks) * kChunkRows;
+      const int64_t m1 = std::min(M, m0 + kChunkRows);
+      const T* panel = ws + p * panel_elems;
+      for (int64_t k0 = 0; k0 < K; k0 += block_k) {
+        const int64_t k1 = std::min(K, k0 + block_k);
+        for (int64_t m = m0; m < m1; m += kTileRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m1 - m));
+          tile_rows<Step>(rows, xs + m * x_stride, x_stride, K, panel + k0 * kPanel, k0, k1,
+                          acc + (m - m0) * kPanel, k0 > 0);
+        }
+      }
+      const int64_t n0 = p * kPanel;
+      store_rows<Step>(acc, m1 - m0, bs, n0, std::min(kPanel, N - n0),
+                    os + m0 * out_stride, out_stride);
+    }
+  });
+}
+
+#endif  // __AVX512F__
+
+bool supported(at::ScalarType dtype) {
+#if defined(__AVX512F__)
+  if (dtype == at::kFloat) return true;
+#if defined(__AVX512BF16__)
+  if (dtype == at::kBFloat16) return true;
+#endif
+#endif
+  (void)dtype;
+  return false;
+}
+
+int64_t per_step(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
+
+}  // namespace
+
+bool linear_supported(at::ScalarType dtype) { return supported(dtype); }
+
+at::Tensor pack_linear_weight(at::Tensor weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2, "weight must be a CPU [out, in] tensor");
+  TORCH_CHECK(supported(weight.scalar_type()), "no packed linear for ", weight.scalar_type(),
+              " on this CPU");
+  const int64_t N = weight.size(0), K = weight.size(1), step = per_step(weight.scalar_type());
+  const int64_t panels = ceil_div(N, kPanel), k_steps = ceil_div(K, step);
+  // [panel, k step, output in panel, element of the step]
+  auto padded = at::zeros({panels * kPanel, k_steps * step}, weight.options());
+  padded.narrow(0, 0, N).narrow(1, 0, K).copy_(weight);
+  return padded.view({panels, kPanel, k_steps, step}).permute({0, 2, 1, 3}).contiguous();
+}
+
+at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
+                         c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
+              "x must be a CPU [rows, in] tensor with contiguous rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(2) == kPanel &&
+                  packed.scalar_type() == x.scalar_type(),
+              "packed must come from pack_linear_weight, in x's dtype");
+  const int64_t step = per_step(x.scalar_type());
+  TORCH_CHECK(packed.size(3) == step && packed.size(1) == ceil_div(x.size(1), step),
+              "x has ", x.size(1), " features; the packed weight takes ", packed.size(1) * step);
+  TORCH_CHECK(out_features > 0 && ceil_div(out_features, kPanel) == packed.size(0),
+              "out_features ", out_features, " does not match the packed weight");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
+                    bias->scalar_type() == x.scalar_type(),
+                "bias must be [out_features] in x's dtype");
+  }
+  auto out = at::empty({x.size(0), out_features}, x.options());
+  if (x.size(0) == 0) return out;
+  const at::Tensor* b = bias.has_value() ? &*bias : nullptr;
+#if defined(__AVX512F__)
+  if (x.scalar_type() == at::kFloat) {
+    linear_rows<Float32Step>(x, packed, b, out);
+    return out;
+  }
+#if defined(__AVX512BF16__)
+  if (x.scalar_type() == at::kBFloat16) {
+    linear_rows<BFloat16Step>(x, packed, b, out);
+    return out;
+  }
+#endif
+#endif
+  (void)b;
+  TORCH_CHECK(false, "no packed linear for ", x.scalar_type(), " on this CPU");
+}

@@ -1,0 +1,119 @@
+"""The C++ packed linear against a float64 reference: every row-tile and
+K-block path, output and K tails, bias, strided rows, and bad input refused.
+
+Its sums are float32 in another order than F.linear's, rounded once to the
+output dtype: within half a unit in the last place of the output plus the
+float32 sum's error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pagoda.kernels.cpu import build
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return build()
+
+
+def skip_unless_supported(ext, dtype):
+    if not ext.linear_supported(dtype):
+        pytest.skip(f"this CPU has no packed linear kernel for {dtype}")
+
+
+def reference(x, w, bias=None):
+    out = x.double() @ w.double().T
+    return out if bias is None else out + bias.double()
+
+
+def assert_close(actual, expected, k):
+    assert actual.dtype in (torch.float32, torch.bfloat16)
+    half_ulp = 2.0**-8 if actual.dtype == torch.bfloat16 else 2.0**-24  # relative, at most
+    scale = expected.abs().max().item()
+    # The float32 sum's own error grows with sqrt(K) for random signs; one
+    # rounding of the output adds half a unit in its last place.
+    err = (actual.double() - expected).abs()
+    bound = half_ulp * expected.abs() + 1e-6 * k**0.5 * scale
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+
+
+# (rows, out, in): one row; each tile height 1-6; a chunk of 96 and one past
+# it; outputs not a multiple of the 64-wide panel; an odd K; a K over one
+# 256 KiB block (2048 bf16 or 1024 float32 per panel).
+SHAPES = [
+    (1, 64, 64),
+    (1, 960, 576),
+    (5, 100, 33),
+    (6, 128, 96),
+    (7, 130, 577),
+    (97, 192, 64),
+    (200, 70, 130),
+    (3, 64, 2500),
+    (13, 200, 4099),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), SHAPES)
+def test_matches_a_float64_reference(ext, dtype, rows, out_features, in_features):
+    skip_unless_supported(ext, dtype)
+    gen = torch.Generator().manual_seed(rows * 7919 + in_features)
+    w = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
+    packed = ext.pack_linear_weight(w)
+    got = ext.packed_linear(x, packed, out_features, None)
+    assert got.shape == (rows, out_features) and got.dtype == dtype
+    assert_close(got, reference(x, w), in_features)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_is_added_before_the_one_rounding(ext, dtype):
+    skip_unless_supported(ext, dtype)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(100, 48, generator=gen).to(dtype)
+    b = (10 * torch.randn(100, generator=gen)).to(dtype)
+    x = torch.randn(9, 48, generator=gen).to(dtype)
+    got = ext.packed_linear(x, ext.pack_linear_weight(w), 100, b)
+    assert_close(got, reference(x, w, b), 48)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_with_a_stride_and_no_rows(ext, dtype):
+    skip_unless_supported(ext, dtype)
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(64, 40, generator=gen).to(dtype)
+    wide = torch.randn(11, 100, generator=gen).to(dtype)
+    x = wide[:, 30:70]  # rows 100 apart, e.g. q of a fused qkv
+    packed = ext.pack_linear_weight(w)
+    assert_close(ext.packed_linear(x, packed, 64, None), reference(x, w), 40)
+    assert ext.packed_linear(x[:0], packed, 64, None).shape == (0, 64)
+
+
+def test_padding_never_reaches_the_output(ext):
+    skip_unless_supported(ext, torch.float32)
+    # NaN in the input past K would poison padded lanes if they were read.
+    w = torch.ones(65, 3)
+    storage = torch.full((2, 4), float("nan"))
+    x = storage[:, :3].fill_(1.0)
+    out = ext.packed_linear(x, ext.pack_linear_weight(w), 65, None)
+    assert torch.equal(out, torch.full((2, 65), 3.0))
+
+
+def test_bad_input_is_refused(ext):
+    skip_unless_supported(ext, torch.float32)
+    w = torch.randn(64, 32)
+    packed = ext.pack_linear_weight(w)
+    x = torch.randn(2, 32)
+    with pytest.raises(RuntimeError, match="features"):
+        ext.packed_linear(torch.randn(2, 31), packed, 64, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        ext.packed_linear(x, packed, 129, None)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ext.packed_linear(x.double(), packed, 64, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.packed_linear(x, packed, 64, torch.randn(63))
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        ext.packed_linear(torch.randn(32, 2).T, packed, 64, None)
+    with pytest.raises(RuntimeError, match="no packed linear"):
+        ext.pack_linear_weight(w.double())
