@@ -119,12 +119,20 @@ def rms_norm(
     return reference.rms_norm_ref(x, weight, eps, residual)
 
 
-def silu_and_mul(x: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
-    """`silu(x[..., :d]) * x[..., d:]` for `x` [..., 2d]; returns [..., d]."""
+def silu_and_mul(
+    x: torch.Tensor, *, triton: bool | None = None, cpu: bool = False
+) -> torch.Tensor:
+    """`silu(x[..., :d]) * x[..., d:]` for `x` [..., 2d]; returns [..., d].
+    `triton` as for `rms_norm`; `cpu`: the C++ kernel instead of the twin,
+    for 2-D `x` with contiguous rows."""
     if _triton(triton, x):
         from pagoda.kernels.activation import silu_and_mul_triton
 
         return silu_and_mul_triton(x)
+    if cpu and x.dim() == 2 and x.stride(1) == 1:
+        from pagoda.kernels.cpu import build
+
+        return build().silu_and_mul(x)
     return reference.silu_and_mul_ref(x)
 
 

@@ -1,8 +1,9 @@
 """C++ kernels for the CPU, compiled on first use for the CPU they run on:
 paged decode and prefill attention (`decode_attention.cpp`,
 `prefill_attention.cpp`), linear layers on packed weights (`linear.cpp`),
-and RMSNorm with the residual add and RoPE (`layer_ops.cpp`), which round where the torch twins
-round (RoPE gives their bits, RMSNorm within one unit in the last place).
+and RMSNorm with the residual add, RoPE and SiLU-and-mul (`layer_ops.cpp`),
+which round where the torch twins round (RoPE gives their bits, RMSNorm and
+SiLU-and-mul within one unit in the last place).
 
 The torch path stays the reference and the fallback: where no C++ compiler
 or ninja is found, or the build fails, `extension()` returns None with one
@@ -128,7 +129,8 @@ def extension() -> object | None:
         return build()
     except Exception as exc:  # a missing compiler, ninja, or headers: keep serving
         logger.warning(
-            "C++ CPU kernels unavailable, attention, RMSNorm and RoPE run in torch, linears in oneDNN (slower): %s",
+            "C++ CPU kernels unavailable: attention and the layers' elementwise ops run in "
+            "torch, linears in oneDNN (slower): %s",
             str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
         )
         return None

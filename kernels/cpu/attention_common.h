@@ -1,6 +1,6 @@
-// What the CPU attention kernels share: denormal flushing, the masked-score
-// value, and one 16-score block of an online softmax (vectorized where the
-// CPU has AVX-512).
+// What the CPU kernels share: denormal flushing, the masked-score value, a
+// vectorized exp, and one 16-score block of an online softmax (vectorized
+// where the CPU has AVX-512).
 #pragma once
 
 #include <algorithm>

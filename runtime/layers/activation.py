@@ -11,4 +11,4 @@ class SiluAndMul(CustomOp):
     """silu(gate) * up, where the input is the fused [gate | up] projection."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.silu_and_mul(x, triton=self.use_triton)
+        return ops.silu_and_mul(x, triton=self.use_triton, cpu=self.use_cpu_kernels)

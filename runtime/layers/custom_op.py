@@ -2,7 +2,7 @@
 
 Which runs is decided once, when the model is loaded, not per call: the
 Triton kernels on CUDA, the C++ kernels of `pagoda.kernels.cpu` on the CPU
-where they build (RMSNorm and RoPE), the twins elsewhere and under
+where they build (RMSNorm, RoPE, SiLU-and-mul), the twins elsewhere and under
 `--no-fused-kernels`.
 The twin in `pagoda.kernels.reference` is the only torch implementation of
 each op, so the CPU path and the kernels' test oracle cannot drift apart.

@@ -110,3 +110,31 @@ def test_refuses_what_it_cannot_read(ext):
         ext.rotary_embedding(torch.tensor([0]), q, k, cache)
     with pytest.raises(RuntimeError, match="float32"):
         ext.rotary_embedding(torch.tensor([0, 1]), q, k, cache.double())
+    with pytest.raises(RuntimeError, match="2 \\* d"):
+        ext.silu_and_mul(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "d"), [(1, 1536), (5, 40), (33, 1537)])
+def test_silu_and_mul_matches_twin(ext, dtype, rows, d):
+    # Gates over the sigmoid's whole range, the overflow-prone tails included
+    # (e^-g of a gate of -100 is past float32: the kernel never computes it).
+    gen = torch.Generator().manual_seed(d)
+    gate = torch.cat(
+        [
+            8 * torch.randn(rows, d - 4, generator=gen),
+            torch.tensor([[-100.0, -20.0, 20.0, 100.0]] * rows),
+        ],
+        1,
+    )
+    x = torch.cat([gate, torch.randn(rows, d, generator=gen)], 1).to(dtype)
+    got = ext.silu_and_mul(x)
+    assert got.shape == (rows, d) and got.dtype == dtype
+    assert_same(got, reference.silu_and_mul_ref(x), exact=False)
+    assert torch.equal(ops.silu_and_mul(x, triton=False, cpu=True), got)
+
+
+def test_silu_and_mul_reads_strided_rows(ext):
+    wide = torch.randn(3, 100).bfloat16()
+    x = wide[:, 10:90]  # rows 100 apart
+    assert_same(ext.silu_and_mul(x), reference.silu_and_mul_ref(x), exact=False)
