@@ -119,9 +119,7 @@ def rms_norm(
     return reference.rms_norm_ref(x, weight, eps, residual)
 
 
-def silu_and_mul(
-    x: torch.Tensor, *, triton: bool | None = None, cpu: bool = False
-) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, triton: bool | None = None, cpu: bool = False) -> torch.Tensor:
     """`silu(x[..., :d]) * x[..., d:]` for `x` [..., 2d]; returns [..., d].
     `triton` as for `rms_norm`; `cpu`: the C++ kernel instead of the twin,
     for 2-D `x` with contiguous rows."""
