@@ -1,6 +1,6 @@
 """C++ kernels for the CPU, compiled on first use for the CPU they run on:
 paged decode and prefill attention (`decode_attention.cpp`,
-`prefill_attention.cpp`), linear layers on packed weights (`linear.cpp`),
+`prefill_attention.cpp`) and the cache write (`cache_write.cpp`), linear layers on packed weights (`linear.cpp`),
 and RMSNorm with the residual add, RoPE and SiLU-and-mul (`layer_ops.cpp`),
 which round where the torch twins round (RoPE gives their bits, RMSNorm and
 SiLU-and-mul within one unit in the last place).
@@ -41,6 +41,7 @@ SOURCES = [
         "prefill_attention.cpp",
         "layer_ops.cpp",
         "linear.cpp",
+        "cache_write.cpp",
     )
 ]
 # Included by the sources: part of what a build is cached under.
@@ -149,6 +150,13 @@ def prefill_attention_op() -> Callable | None:
     built. It takes block size 16 and head sizes 64 and 128 only."""
     ext = extension()
     return ext.prefill_attention if ext is not None else None
+
+
+def reshape_and_cache_op() -> Callable | None:
+    """`reshape_and_cache(key, value, kv_cache, slot_mapping)`, or None where
+    the extension cannot be built."""
+    ext = extension()
+    return ext.reshape_and_cache if ext is not None else None
 
 
 def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:

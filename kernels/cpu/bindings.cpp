@@ -16,6 +16,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor r
 void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
                       at::Tensor cos_sin_cache);
 at::Tensor silu_and_mul(at::Tensor x);
+void reshape_and_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
+                       at::Tensor slot_mapping);
 bool linear_supported(at::ScalarType dtype);
 at::Tensor pack_linear_weight(at::Tensor weight);
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
@@ -27,6 +29,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dim");
   m.def("fused_add_rms_norm", &fused_add_rms_norm, "(norm(x + residual), x + residual)");
   m.def("rotary_embedding", &rotary_embedding, "Neox-style RoPE in place on query and key");
+  m.def("reshape_and_cache", &reshape_and_cache, "Write K/V rows to their paged cache slots");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("linear_supported", &linear_supported, "Whether this CPU runs packed_linear in a dtype");
   m.def("pack_linear_weight", &pack_linear_weight, "[out, in] -> the layout packed_linear reads");

@@ -89,6 +89,10 @@ inline __m512 lane_sums(const __m512* v) {
                        _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// How many 16-position blocks ahead of the one being computed are fetched
+// (1 and 4 measured the same as 2).
+constexpr int64_t kPrefetchBlocks = 2;
+
 // One request, every head: q [heads][D] scaled, float; writes out rows.
 template <typename scalar_t, int64_t D>
 void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stride,
@@ -104,6 +108,7 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
   const scalar_t* krows[16];
   const scalar_t* vrows[16];
   alignas(64) float p[16];
+  const int64_t row_bytes = row_stride * static_cast<int64_t>(sizeof(scalar_t));
   for (int64_t start = 0; start < len; start += 16) {
     const int64_t n = std::min<int64_t>(16, len - start);
     for (int64_t k = 0; k < n; ++k) {
@@ -111,6 +116,21 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
       const int64_t off = table[pos / block_size] * block_stride + (pos % block_size) * row_stride;
       krows[k] = k_cache + off;
       vrows[k] = v_cache + off;
+    }
+    // The rows kPrefetchBlocks blocks ahead, fetched while these are
+    // computed: a request's blocks lie anywhere in the cache, so each new
+    // block starts a stream the hardware prefetchers have not seen, and in a
+    // step the cache comes from memory (the layer's weights passed through
+    // L3 since). From memory, 16 x 272 positions in bf16: 355 -> 300 us.
+    const int64_t ahead_begin = start == 0 ? 0 : start + 16 * (kPrefetchBlocks - 1) + 16;
+    for (int64_t pos = ahead_begin; pos < std::min(len, start + 16 * (kPrefetchBlocks + 1)); ++pos) {
+      const int64_t off = table[pos / block_size] * block_stride + (pos % block_size) * row_stride;
+      const char* kp = reinterpret_cast<const char*>(k_cache + off);
+      const char* vp = reinterpret_cast<const char*>(v_cache + off);
+      for (int64_t b = 0; b < row_bytes; b += 64) {
+        _mm_prefetch(kp + b, _MM_HINT_T0);
+        _mm_prefetch(vp + b, _MM_HINT_T0);
+      }
     }
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t g = 0; g < group; ++g) {

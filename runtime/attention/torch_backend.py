@@ -146,6 +146,8 @@ PrefillOp = Callable[
     ],
     None,
 ]
+# cache_op(key, value, kv_cache, slot_mapping)
+CacheOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 PREFILL_KERNEL_BLOCK_SIZE = 16
 PREFILL_KERNEL_HEAD_SIZES = (64, 128)
 
@@ -154,14 +156,18 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(
-        self, decode_op: DecodeOp | None = None, prefill_op: PrefillOp | None = None
+        self,
+        decode_op: DecodeOp | None = None,
+        prefill_op: PrefillOp | None = None,
+        cache_op: CacheOp | None = None,
     ) -> None:
-        """`decode_op`, `prefill_op`: kernels for the step's decodes and
-        prefill chunks (the CPU's C++ ones); None computes them in torch.
-        The prefill kernel takes 16-position blocks and head sizes 64 and
-        128; other shapes stay on the torch path."""
+        """`decode_op`, `prefill_op`, `cache_op`: kernels for the step's
+        decodes, prefill chunks and cache write (the CPU's C++ ones); None
+        does each in torch. The prefill kernel takes 16-position blocks and
+        head sizes 64 and 128; other shapes stay on the torch path."""
         self.decode_op = decode_op
         self.prefill_op = prefill_op
+        self.cache_op = cache_op
         self._plan_for: tuple[AttentionMetadata, int] | None = None
         self._plan: _StepPlan | None = None
 
@@ -175,7 +181,12 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         n = metadata.num_actual_tokens
-        write_kv_cache(key[:n], value[:n], kv_cache, metadata.slot_mapping)
+        if n != key.shape[0]:
+            key, value = key[:n], value[:n]
+        if self.cache_op is not None:
+            self.cache_op(key, value, kv_cache, metadata.slot_mapping)
+        else:
+            write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
         # All layers of a step share one metadata object: plan once per step.
         # (Holding the key keeps the object alive, so `is` cannot be fooled

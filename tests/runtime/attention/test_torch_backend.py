@@ -20,7 +20,7 @@ def backend(request) -> TorchAttentionBackend:
     from pagoda.kernels.cpu import build
 
     ext = build()
-    return TorchAttentionBackend(ext.decode_attention, ext.prefill_attention)
+    return TorchAttentionBackend(ext.decode_attention, ext.prefill_attention, ext.reshape_and_cache)
 
 
 HEAD_SIZE = 64  # one the prefill kernel takes
