@@ -19,15 +19,11 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
-import httpx
 from pagoda.runtime.entrypoints.bench_serve import (
     format_table,
     random_dataset,
@@ -35,43 +31,13 @@ from pagoda.runtime.entrypoints.bench_serve import (
     shared_prefix_dataset,
 )
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_process import ServerProcess, free_port, pagoda_serve_cmd
 
 
-class Server:
-    def __init__(self, engine_flags: list[str], extra: list[str]):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for the server's life)
-            prefix="pagoda-bench-", suffix=".log", delete=False
-        )
-        cmd = [sys.executable, "-m", "pagoda.runtime.entrypoints.cli", "serve",
-               "--host", "127.0.0.1", "--port", str(self.port), *engine_flags, *extra]  # fmt: skip
-        self.start = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.startup_s = self._wait_healthy()
-
-    def _wait_healthy(self, timeout: float = 300) -> float:
-        while time.monotonic() - self.start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}; log {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return time.monotonic() - self.start
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server not healthy; log {self.log.name}")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(120)
-        assert rc == 0, f"server exit status {rc}; log {self.log.name}"
-        os.unlink(self.log.name)
+def pagoda_server(flags: list[str], extra: list[str]) -> ServerProcess:
+    port = free_port()
+    return ServerProcess("pagoda", pagoda_serve_cmd(port, *flags, *extra), port)
 
 
 def offline_throughput(llm, requests) -> dict:
@@ -133,7 +99,7 @@ def main() -> int:
     rounds = []
     for r in range(ns.rounds):
         row: dict = {}
-        server = Server(flags, ["--enable-prefix-caching"])
+        server = pagoda_server(flags, ["--enable-prefix-caching"])
         row["startup_s"] = server.startup_s
         try:
             asyncio.run(run_benchmark(server.url, warmup, max_concurrency=4))
@@ -144,9 +110,9 @@ def main() -> int:
                 run_benchmark(server.url, shared, max_concurrency=ns.prefix_concurrency)
             )
         finally:
-            server.stop()
+            server.stop(check=True)
         row["offline"] = offline_throughput(llm, workload)
-        server = Server(flags, ["--no-enable-prefix-caching"])
+        server = pagoda_server(flags, ["--no-enable-prefix-caching"])
         row["startup_nocache_s"] = server.startup_s
         try:
             asyncio.run(run_benchmark(server.url, warmup, max_concurrency=4))
@@ -154,7 +120,7 @@ def main() -> int:
                 run_benchmark(server.url, shared, max_concurrency=ns.prefix_concurrency)
             )
         finally:
-            server.stop()
+            server.stop(check=True)
         row["ratio"] = row["server"]["output_throughput"] / row["offline"]["output_throughput"]
         rounds.append(row)
         print(

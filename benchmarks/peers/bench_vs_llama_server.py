@@ -32,16 +32,12 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from pagoda.runtime.entrypoints.bench_serve import (
     random_dataset,
     run_benchmark,
@@ -52,75 +48,34 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from convert_gguf import converted, default_cache  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent))
+from server_process import ServerProcess, free_port, pagoda_serve_cmd  # noqa: E402
+
 VOCAB = (100, 32000)
 GGUF_KIND = {"float32": "F32", "bfloat16": "BF16"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server process on a free port, healthy on return; `stop()` ends it."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, env: dict | None = None):
-        self.name = name
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for the server's life)
-            prefix=f"peer-{name}-", suffix=".log", delete=False
-        )
-        self.start = time.monotonic()
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self.startup_s = self._wait_healthy()
-
-    def _wait_healthy(self, timeout: float = 300) -> float:
-        while time.monotonic() - self.start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode}; {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return time.monotonic() - self.start
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not healthy; log {self.log.name}")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        os.unlink(self.log.name)
-
-
-def pagoda_server(dtype: str, concurrency: int, ns, extra: list[str]) -> Server:
+def pagoda_server(dtype: str, concurrency: int, ns, extra: list[str]) -> ServerProcess:
     port = free_port()
-    cmd = [sys.executable, "-m", "pagoda.runtime.entrypoints.cli", "serve", ns.model,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-           "--max-model-len", "1024", "--kv-cache-memory", "1",
-           "--max-num-seqs", str(max(concurrency, 4)), *ns.pagoda_flags.split(), *extra]  # fmt: skip
+    cmd = pagoda_serve_cmd(port, ns.model, "--dtype", dtype, "--max-model-len", "1024",
+                           "--kv-cache-memory", "1", "--max-num-seqs", str(max(concurrency, 4)),
+                           *ns.pagoda_flags.split(), *extra)  # fmt: skip
     if ns.threads:
         cmd += ["--num-threads", str(ns.threads)]
-    return Server("pagoda", cmd, port)
+    return ServerProcess("pagoda", cmd, port)
 
 
-def llama_server(dtype: str, concurrency: int, ns) -> Server:
+def llama_server(dtype: str, concurrency: int, ns) -> ServerProcess:
     port = free_port()
     gguf = converted(ns.cache, GGUF_KIND[dtype])
     threads = str(ns.threads or os.cpu_count())
     cmd = [ns.llama_server, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-t", threads, "-tb", threads, "-np", str(concurrency),
            "-c", str(1024 * concurrency), "--no-webui"]  # fmt: skip
-    return Server("llama-server", cmd, port)
+    return ServerProcess("llama-server", cmd, port)
 
 
-def bench(server: Server, requests, concurrency: int, warmup) -> dict:
+def bench(server: ServerProcess, requests, concurrency: int, warmup) -> dict:
     asyncio.run(run_benchmark(server.url, warmup, max_concurrency=min(concurrency, 4)))
     out = asyncio.run(run_benchmark(server.url, requests, max_concurrency=concurrency))
     if out["failed"]:
