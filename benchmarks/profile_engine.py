@@ -75,8 +75,6 @@ def main() -> int:
 
 def by_layer(llm, prompts: list[list[int]], params) -> int:
     """Run `prompts` with every part of the layers timed; print the sums."""
-    from pagoda.runtime.attention import torch_backend
-
     model = llm.engine.engine_core.executor.worker.runner.model  # the in-process executor
     times: dict[str, float] = defaultdict(float)
     for layer in model.model.layers:
@@ -101,7 +99,6 @@ def by_layer(llm, prompts: list[list[int]], params) -> int:
     ):
         if getattr(backend, attr, None) is not None:
             _wrap(backend, attr, part, times)
-    _wrap(torch_backend, "write_kv_cache", "  cache write", times)
     _wrap(model.model, "forward", "model forward", times)
     _wrap(model, "compute_logits", "lm_head", times)
     start = time.perf_counter()

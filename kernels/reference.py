@@ -5,8 +5,9 @@ twin on random inputs, and the twin is also what the model's layers run
 wherever the kernels do not (the CPU, or `--no-fused-kernels`): there is one
 torch implementation of each op, so the elementwise ones (RMSNorm, SiLU-and-
 mul, RoPE) are written for speed on the CPU as well as for clarity (measured
-in docs/benchmarks.md). The attention and cache twins are oracles only: the
-runtime's torch attention backend batches differently. Twins never import
+in docs/benchmarks.md). The attention twins are oracles only: the runtime's
+torch attention backend batches differently; the cache twin is also how that
+backend writes the cache where no kernel does. Twins never import
 Triton.
 
 Numerics follow Hugging Face transformers where the runtime must match it:
@@ -29,13 +30,17 @@ def reshape_and_cache_ref(
     cache [2, num_blocks, block_size, num_kv_heads, head_size] at `slot_mapping`
     (slot = block_id * block_size + offset). Slots < 0 mark padding and are skipped."""
     num_tokens = slot_mapping.shape[0]
-    block_size = kv_cache.shape[2]
+    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
     slots = slot_mapping.to(torch.int64)
+    key, value = key[:num_tokens], value[:num_tokens]
     keep = slots >= 0
-    slots = slots[keep]
-    blocks, offsets = slots // block_size, slots % block_size
-    kv_cache[0, blocks, offsets] = key[:num_tokens][keep].to(kv_cache.dtype)
-    kv_cache[1, blocks, offsets] = value[:num_tokens][keep].to(kv_cache.dtype)
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    # Rows of the cache seen flat: index_copy_ is several times faster on the
+    # CPU than advanced indexing of [blocks, offsets] (measured in issue 13).
+    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
+    flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))
 
 
 def paged_attention_ref(

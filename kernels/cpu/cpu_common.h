@@ -1,6 +1,6 @@
-// What the CPU kernels share: denormal flushing, the masked-score value, a
-// vectorized exp, and one 16-score block of an online softmax (vectorized
-// where the CPU has AVX-512).
+// What the CPU kernels share: denormal flushing, the masked-score value,
+// bf16 widening, a vectorized exp, and one 16-score block of an online
+// softmax (vectorized where the CPU has AVX-512).
 #pragma once
 
 #include <algorithm>
@@ -36,6 +36,11 @@ class FlushDenormals {
 constexpr float kMasked = -1e30f;
 
 #if defined(__AVX512F__)
+// 16 bf16 values as floats: exact, a bf16 is a float's upper 16 bits.
+inline __m512 widen_bf16(__m256i raw) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // e^x for x <= 0 (a softmax's shifted scores): 2^(x log2 e) split into
 // 2^n (vscalefps, which flushes to 0 far below the float range) times 2^f,
 // f in [0, 1), by a degree-7 polynomial (relative error below 2e-7, far

@@ -29,7 +29,7 @@
 #include <limits>
 #include <vector>
 
-#include "attention_common.h"
+#include "cpu_common.h"
 
 namespace {
 
@@ -64,8 +64,7 @@ inline void axpy(float* __restrict y, float a, const scalar_t* __restrict x, int
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const at::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return pagoda_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline __m512 load16(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

@@ -16,7 +16,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "attention_common.h"
+#include "cpu_common.h"
 
 namespace {
 
@@ -178,8 +178,7 @@ void silu_and_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, i
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
     auto load = [](const scalar_t* p) {
-      const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-      return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+      return pagoda_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     };
     for (; i + 16 <= d; i += 16) {
       const __m512 s = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(silu512(load(gate + i))));

@@ -28,9 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "cpu_common.h"
 
 namespace {
 
@@ -80,8 +78,7 @@ struct BFloat16Step {
   }
   static constexpr int64_t kVectorElems = 32;  // 16 outputs x 2 K
   static __m512 load(const at::BFloat16* p, __mmask16 m) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    return pagoda_cpu::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
   }
   // Rounded to nearest even, as c10::BFloat16's conversion rounds.
   static void store(at::BFloat16* p, __m512 v, __mmask16 m) {

@@ -27,7 +27,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attention_common.h"
+#include "cpu_common.h"
 
 namespace {
 

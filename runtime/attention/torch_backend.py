@@ -23,17 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from pagoda.kernels.reference import reshape_and_cache_ref
 from pagoda.runtime.attention.backend import AttentionBackend, AttentionMetadata
-
-
-def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Scatter this step's K/V ([T, Hkv, D]) into the cache at their slots."""
-    _, num_blocks, block_size, num_kv_heads, head_size = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
-    flat[0].index_copy_(0, slot_mapping, key)
-    flat[1].index_copy_(0, slot_mapping, value)
 
 
 def gather_kv(
@@ -167,7 +158,7 @@ class TorchAttentionBackend(AttentionBackend):
         head sizes 64 and 128; other shapes stay on the torch path."""
         self.decode_op = decode_op
         self.prefill_op = prefill_op
-        self.cache_op = cache_op
+        self.cache_op: CacheOp = cache_op or reshape_and_cache_ref
         self._plan_for: tuple[AttentionMetadata, int] | None = None
         self._plan: _StepPlan | None = None
 
@@ -183,10 +174,7 @@ class TorchAttentionBackend(AttentionBackend):
         n = metadata.num_actual_tokens
         if n != key.shape[0]:
             key, value = key[:n], value[:n]
-        if self.cache_op is not None:
-            self.cache_op(key, value, kv_cache, metadata.slot_mapping)
-        else:
-            write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        self.cache_op(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
         # All layers of a step share one metadata object: plan once per step.
         # (Holding the key keeps the object alive, so `is` cannot be fooled
