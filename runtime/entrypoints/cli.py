@@ -57,15 +57,13 @@ def _serve_parser(sub) -> None:
 
 
 def _run_serve(ns: argparse.Namespace) -> int:
-    import asyncio
-
     from pagoda.runtime.engine.core_client import EngineStartupError
-    from pagoda.runtime.entrypoints.openai.api_server import serve
+    from pagoda.runtime.entrypoints.openai.api_server import run_server
     from pagoda.runtime.entrypoints.openai.cli_args import server_config_from
 
     try:
         args, config = server_config_from(ns)
-        return asyncio.run(serve(args, config))
+        return run_server(args, config)
     except (ValueError, EngineStartupError) as exc:
         print(f"pagoda: error: {exc}", file=sys.stderr)
         return 2

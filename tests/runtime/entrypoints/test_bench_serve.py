@@ -1,8 +1,20 @@
-"""The `pagoda bench serve` workloads: seeded, exact lengths, ranges honoured."""
+"""`pagoda bench serve`: the workloads (seeded, exact lengths, ranges
+honoured) and the client, against a scripted SSE server that streams the way
+Pagoda and llama-server do, or fails."""
 
 from __future__ import annotations
 
-from pagoda.runtime.entrypoints.bench_serve import random_dataset, shared_prefix_dataset
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from pagoda.runtime.entrypoints.bench_serve import (
+    BenchRequest,
+    random_dataset,
+    run_benchmark,
+    shared_prefix_dataset,
+)
 
 VOCAB = (100, 32000)
 
@@ -33,3 +45,123 @@ def test_shared_prefix_dataset_shares_the_prefix_and_varies_the_suffix():
     assert len(prefixes) == 2
     assert reqs[0].prompt_token_ids[:384] == reqs[2].prompt_token_ids[:384]
     assert all(32 <= len(r.prompt_token_ids) - 384 <= 128 for r in reqs)
+
+
+def _event(obj) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _token(text: str, finish: str | None = None) -> dict:
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+
+async def _scripted_server(aiohttp_events, path_prefix: str = ""):
+    """A server whose /v1/completions streams `aiohttp_events(body)`: a list
+    of byte strings (each written as one HTTP chunk) or an int status."""
+    seen: list[dict] = []
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "scripted"}]})
+
+    async def completions(request):
+        body = await request.json()
+        seen.append(body)
+        script = aiohttp_events(body)
+        if isinstance(script, int):
+            return web.Response(status=script, text="refused")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in script:
+            await resp.write(piece)
+            await asyncio.sleep(0.002)
+        return resp
+
+    app = web.Application()
+    app.router.add_get(f"{path_prefix}/v1/models", models)
+    app.router.add_post(f"{path_prefix}/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}{path_prefix}", seen
+
+
+def _requests(n: int, output_len: int) -> list[BenchRequest]:
+    return [BenchRequest([101 + i, 102, 103], output_len) for i in range(n)]
+
+
+@pytest.mark.parametrize("path_prefix", ["", "/proxy/pagoda"])
+async def test_client_counts_tokens_and_times_them(path_prefix):
+    def script(body):
+        n = body["max_tokens"]
+        events = [_event(_token(f"t{i}")) for i in range(n - 1)]
+        events.append(_event(_token("end", "length")))
+        usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+        # An event split across two HTTP chunks, as a proxy may send it.
+        usage_event = _event({"choices": [], "usage": usage})
+        events += [usage_event[:9], usage_event[9:], b"data: [DONE]\n\n"]
+        return events
+
+    runner, url, seen = await _scripted_server(script, path_prefix)
+    try:
+        summary = await run_benchmark(url, _requests(4, 5), max_concurrency=2)
+    finally:
+        await runner.cleanup()
+    assert summary["completed"] == 4 and summary["failed"] == 0
+    assert summary["total_output_tokens"] == 20
+    assert summary["total_input_tokens"] == 12
+    assert summary["model"] == "scripted"
+    assert all(b["stream"] and b["ignore_eos"] and b["max_tokens"] == 5 for b in seen)
+    assert summary["ttft_s"]["mean"] > 0
+    # Four gaps of at least the server's 2 ms sleep between five tokens.
+    assert summary["itl_s"]["median"] >= 0.0015
+    assert summary["tpot_s"]["mean"] >= 0.0015
+
+
+async def test_client_skips_llama_servers_closing_chunk_and_counts_without_usage():
+    def script(body):
+        events = [_event(_token("a")), _event(_token("b")), _event(_token("c"))]
+        # llama-server: a last chunk with no text, only the finish reason, and no usage.
+        return [*events, _event(_token("", "length")), b"data: [DONE]\n\n"]
+
+    runner, url, _ = await _scripted_server(script)
+    try:
+        summary = await run_benchmark(url, _requests(2, 3), model="m")
+    finally:
+        await runner.cleanup()
+    assert summary["completed"] == 2
+    assert summary["total_output_tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    "script, error",
+    [
+        (lambda body: 503, "HTTP 503"),
+        (lambda body: [_event({"error": {"message": "engine died"}})], "engine died"),
+        (lambda body: [b"data: {not json\n\n"], "JSONDecodeError"),
+        (lambda body: [b"data: [DONE]\n\n"], "no tokens"),
+    ],
+)
+async def test_client_reports_failures_per_request(script, error):
+    runner, url, _ = await _scripted_server(script)
+    try:
+        summary = await run_benchmark(url, _requests(3, 4), model="m")
+    finally:
+        await runner.cleanup()
+    assert summary["completed"] == 0 and summary["failed"] == 3
+    assert any(error in e for e in summary["errors"]), summary["errors"]
+
+
+async def test_client_reports_a_server_that_hangs_up_mid_stream():
+    def script(body):
+        return [_event(_token("a"))]  # then the handler ends without [DONE]
+
+    runner, url, _ = await _scripted_server(script)
+    try:
+        summary = await run_benchmark(url, _requests(1, 4), model="m")
+    finally:
+        await runner.cleanup()
+    # The stream ended cleanly after one token: one token counted, not four.
+    assert summary["completed"] == 1
+    assert summary["total_output_tokens"] == 1
