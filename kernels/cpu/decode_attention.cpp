@@ -92,13 +92,14 @@ inline __m512 lane_sums(const __m512* v) {
 // (1 and 4 measured the same as 2).
 constexpr int64_t kPrefetchBlocks = 2;
 
-// One request, every head: q [heads][D] scaled, float; writes out rows.
+// One request's positions [begin, end), every head: q [heads][D] scaled,
+// float. Leaves each head's unnormalized output in acc [heads][D], its score
+// maximum and its sum of exp(score - maximum).
 template <typename scalar_t, int64_t D>
-void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stride,
-                           const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* table,
-                           int64_t len, int64_t block_size, int64_t block_stride,
-                           int64_t row_stride, int64_t num_kv_heads, int64_t group,
-                           float* acc, float* maxes, float* sums) {
+void decode_request_avx512(const float* q, const scalar_t* k_cache, const scalar_t* v_cache,
+                           const int32_t* table, int64_t begin, int64_t end, int64_t block_size,
+                           int64_t block_stride, int64_t row_stride, int64_t num_kv_heads,
+                           int64_t group, float* acc, float* maxes, float* sums) {
   constexpr int64_t V = D / 16;
   const int64_t heads = num_kv_heads * group;
   std::fill(acc, acc + heads * D, 0.f);
@@ -108,8 +109,8 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
   const scalar_t* vrows[16];
   alignas(64) float p[16];
   const int64_t row_bytes = row_stride * static_cast<int64_t>(sizeof(scalar_t));
-  for (int64_t start = 0; start < len; start += 16) {
-    const int64_t n = std::min<int64_t>(16, len - start);
+  for (int64_t start = begin; start < end; start += 16) {
+    const int64_t n = std::min<int64_t>(16, end - start);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t pos = start + k;
       const int64_t off = table[pos / block_size] * block_stride + (pos % block_size) * row_stride;
@@ -121,8 +122,8 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
     // block starts a stream the hardware prefetchers have not seen, and in a
     // step the cache comes from memory (the layer's weights passed through
     // L3 since). From memory, 16 x 272 positions in bf16: 355 -> 300 us.
-    const int64_t ahead_begin = start == 0 ? 0 : start + 16 * (kPrefetchBlocks - 1) + 16;
-    for (int64_t pos = ahead_begin; pos < std::min(len, start + 16 * (kPrefetchBlocks + 1)); ++pos) {
+    const int64_t ahead_begin = start == begin ? begin : start + 16 * kPrefetchBlocks;
+    for (int64_t pos = ahead_begin; pos < std::min(end, start + 16 * (kPrefetchBlocks + 1)); ++pos) {
       const int64_t off = table[pos / block_size] * block_stride + (pos % block_size) * row_stride;
       const char* kp = reinterpret_cast<const char*>(k_cache + off);
       const char* vp = reinterpret_cast<const char*>(v_cache + off);
@@ -162,13 +163,35 @@ void decode_request_avx512(const float* q, scalar_t* o_base, int64_t o_head_stri
       }
     }
   }
+}
+#endif  // __AVX512F__
+
+// out rows [heads][D] = acc / sum, per head.
+template <typename scalar_t>
+void store_normalized(scalar_t* o_base, int64_t o_head_stride, const float* acc, const float* sums,
+                      int64_t heads, int64_t head_size) {
   for (int64_t j = 0; j < heads; ++j) {
     scalar_t* dst = o_base + j * o_head_stride;
     const float inv = 1.f / sums[j];
-    for (int64_t i = 0; i < D; ++i) dst[i] = static_cast<scalar_t>(acc[j * D + i] * inv);
+    for (int64_t i = 0; i < head_size; ++i) dst[i] = static_cast<scalar_t>(acc[j * head_size + i] * inv);
   }
 }
-#endif  // __AVX512F__
+
+// Split-KV: with fewer requests than threads, a request's positions are
+// split over several threads (each part at least this many positions), and
+// the parts' softmax states are merged. Without it a batch-1 decode ran on
+// one of the two threads while the other waited (issue 13).
+constexpr int64_t kMinSplitPositions = 64;
+
+// Per request: how many parts its positions are split into.
+std::vector<int64_t> kv_splits(const int32_t* lens, int64_t num_reqs, int64_t threads) {
+  std::vector<int64_t> splits(num_reqs, 1);
+  if (num_reqs >= threads) return splits;
+  const int64_t want = (threads + num_reqs - 1) / num_reqs;
+  for (int64_t r = 0; r < num_reqs; ++r)
+    splits[r] = std::max<int64_t>(1, std::min<int64_t>(want, lens[r] / kMinSplitPositions));
+  return splits;
+}
 
 template <typename scalar_t>
 void decode_attention_impl(
@@ -198,19 +221,32 @@ void decode_attention_impl(
   const int64_t block_stride = block_size * row_stride;
   const float fscale = static_cast<float>(scale);
 
-  // A work item is one request, all its heads: each position's K and V rows
-  // (every head, contiguous) are read front to back, block after block, as
-  // the prefetchers like. Splitting a request's heads over threads measured
-  // 4x slower at batch 1 in the engine (94 against 24 us per layer): the
-  // strided reads, and the OpenMP fork to a thread that had gone idle.
-  // A long context at batch 1 thus runs on one thread (split-KV would not).
-  at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
+  // A work item is one request (or, split-KV, one part of its positions),
+  // all its heads: each position's K and V rows (every head, contiguous) are
+  // read front to back, block after block, as the prefetchers like.
+  // Splitting a request's heads over threads instead measured 4x slower at
+  // batch 1 in the engine (94 against 24 us per layer): the strided reads.
+  const int64_t rows = num_heads;
+  bool vector_path = false;
+#if defined(__AVX512F__)
+  vector_path = !std::is_same_v<scalar_t, double> && (head_size == 64 || head_size == 128);
+#endif
+  const std::vector<int64_t> splits =
+      vector_path ? kv_splits(lens, num_reqs, at::get_num_threads()) : std::vector<int64_t>(num_reqs, 1);
+  std::vector<int64_t> first(num_reqs + 1, 0);  // the first item of each request
+  for (int64_t r = 0; r < num_reqs; ++r) first[r + 1] = first[r] + splits[r];
+  const int64_t num_items = first[num_reqs];
+  // The softmax states of the parts of split requests, merged below.
+  const bool any_split = num_items > num_reqs;
+  std::vector<float> part_acc(any_split ? num_items * rows * head_size : 0);
+  std::vector<float> part_max(any_split ? num_items * rows : 0), part_sum(part_max.size());
+
+  at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
-    const int64_t rows = num_heads;
     std::vector<float> q(rows * head_size), acc(rows * head_size), logits;
     std::vector<float> maxes(rows), sums(rows);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item;
+      const int64_t r = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
       const int64_t len = lens[r];
       const int64_t tok = tokens[r];
       const int32_t* table = tables + r * table_stride;
@@ -221,11 +257,22 @@ void decode_attention_impl(
       }
 #if defined(__AVX512F__)
       if constexpr (!std::is_same_v<scalar_t, double>) {
-        if (head_size == 64 || head_size == 128) {
+        if (vector_path) {
           auto run = head_size == 64 ? decode_request_avx512<scalar_t, 64> : decode_request_avx512<scalar_t, 128>;
-          run(q.data(), o_base + tok * o_tok_stride, o_head_stride, k_cache, v_cache, table, len,
-              block_size, block_stride, row_stride, num_kv_heads, group, acc.data(), maxes.data(),
-              sums.data());
+          if (splits[r] == 1) {
+            run(q.data(), k_cache, v_cache, table, 0, len, block_size, block_stride, row_stride,
+                num_kv_heads, group, acc.data(), maxes.data(), sums.data());
+            store_normalized(o_base + tok * o_tok_stride, o_head_stride, acc.data(), sums.data(), rows,
+                             head_size);
+          } else {
+            // Parts of whole 16-position steps; a last part may be empty.
+            const int64_t part = item - first[r];
+            const int64_t chunk = (len + splits[r] * 16 - 1) / (splits[r] * 16) * 16;
+            const int64_t from = std::min(len, part * chunk), to = std::min(len, from + chunk);
+            run(q.data(), k_cache, v_cache, table, from, to, block_size, block_stride, row_stride,
+                num_kv_heads, group, part_acc.data() + item * rows * head_size,
+                part_max.data() + item * rows, part_sum.data() + item * rows);
+          }
           continue;
         }
       }
@@ -258,10 +305,29 @@ void decode_attention_impl(
           axpy(acc.data() + j * head_size, logits[j * len + pos], v + (j / group) * head_size, head_size);
         }
       }
+      store_normalized(o_base + tok * o_tok_stride, o_head_stride, acc.data(), sums.data(), rows,
+                       head_size);
+    }
+  });
+  if (!any_split) return;
+  // Merge each split request's parts: rescale every part to the largest
+  // maximum, add, normalize (an empty part has maximum kMasked, weight 0).
+  at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(head_size);
+    for (int64_t r = begin; r < end; ++r) {
+      if (splits[r] == 1) continue;
       for (int64_t j = 0; j < rows; ++j) {
-        scalar_t* dst = o_base + tok * o_tok_stride + j * o_head_stride;
-        const float inv = 1.f / sums[j];
-        for (int64_t i = 0; i < head_size; ++i) dst[i] = static_cast<scalar_t>(acc[j * head_size + i] * inv);
+        float m = kMasked;
+        for (int64_t item = first[r]; item < first[r + 1]; ++item) m = std::max(m, part_max[item * rows + j]);
+        float sum = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t item = first[r]; item < first[r + 1]; ++item) {
+          const float w = std::exp(part_max[item * rows + j] - m);
+          sum += w * part_sum[item * rows + j];
+          axpy(acc.data(), w, part_acc.data() + (item * rows + j) * head_size, head_size);
+        }
+        scalar_t* dst = o_base + tokens[r] * o_tok_stride + j * o_head_stride;
+        for (int64_t i = 0; i < head_size; ++i) dst[i] = static_cast<scalar_t>(acc[i] / sum);
       }
     }
   });

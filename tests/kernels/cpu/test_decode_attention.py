@@ -106,6 +106,31 @@ def test_long_context(op):
     check(op, [4096], 1, 4, 128, 16, torch.bfloat16)
 
 
+@pytest.mark.parametrize(
+    "threads, seq_lens",
+    [
+        (2, [300]),  # batch 1 on two threads: two parts
+        (3, [200]),  # three parts, the last one shorter
+        (8, [64, 127, 128, 500]),  # 64 positions per part at least: 1, 1, 2, 2 parts
+        (16, [1100]),  # sixteen parts of 80 positions: the last two are empty
+        (16, [2000, 5]),  # a split request beside one too short to split
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 32)])
+def test_split_kv_when_requests_are_fewer_than_threads(
+    op, threads, seq_lens, dtype, head_size, block_size
+):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check(
+            op, seq_lens, 3, 3, head_size, block_size, dtype, tokens=torch.arange(len(seq_lens)) * 2
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_refuses_what_it_cannot_read(op):
     query, cache, table, _, _ = make_batch([8, 9], 2, 2, 64, 16, torch.float32)
     out = torch.empty_like(query)
