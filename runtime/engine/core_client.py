@@ -102,6 +102,9 @@ class EngineCoreClient:
         self.dead_reason: str | None = None
         self._closing = False
         self._dead_event: asyncio.Event | None = None
+        # The output socket's receive being awaited, if any (see _recv).
+        self._pending_recv: asyncio.Future | None = None
+        self._recv_cancelled = False
         # spawn, not fork: the parent may have threads (tokenizers, uvicorn)
         # and must not hand a half-initialised torch to the child.
         ctx = multiprocessing.get_context("spawn")
@@ -204,6 +207,11 @@ class EngineCoreClient:
             self.dead_reason = reason
         if self._dead_event is not None:
             self._dead_event.set()
+        # Wake the output reader: it waits on the socket alone.
+        pending = self._pending_recv
+        if pending is not None and not pending.done():
+            self._recv_cancelled = True
+            pending.cancel()
 
     async def call_utility(
         self, method: str, lora_request: LoRARequest | None = None, lora_int_id: int = 0
@@ -266,17 +274,21 @@ class EngineCoreClient:
             return payload
 
     async def _recv(self) -> tuple[bytes, object]:
+        """The next message. Every step's output passes here, so it waits on
+        the socket's future alone (no task racing it per message): a death
+        noticed elsewhere (`_mark_dead`) cancels that future instead."""
         self._check_alive()
-        recv = asyncio.ensure_future(self.output_socket.recv_multipart(copy=False))
+        recv = self.output_socket.recv_multipart(copy=False)
         if not recv.done():
-            died = asyncio.ensure_future(self._dead_event.wait())
+            self._pending_recv, self._recv_cancelled = recv, False
             try:
-                await asyncio.wait({recv, died}, return_when=asyncio.FIRST_COMPLETED)
+                await recv
+            except asyncio.CancelledError:
+                if self._recv_cancelled:  # by _mark_dead, not by our caller
+                    raise EngineDeadError(self.dead_reason) from None
+                raise
             finally:
-                died.cancel()
-            if not recv.done():
-                recv.cancel()
-                self._check_alive()
+                self._pending_recv = None
         frames = [f.bytes for f in recv.result()]
         return self._decoder.decode(frames)
 
