@@ -90,8 +90,9 @@ def test_chunks_after_a_cached_prefix_see_it_all(op, group):
     check(op, chunks, 2, group, 64, torch.float32)
 
 
-def test_head_size_128(op):
-    check(op, [(90, 90), (200, 31)], 2, 2, 128, torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_head_size_128(op, dtype):
+    check(op, [(90, 90), (200, 31), (47, 3)], 2, 2, 128, dtype)
 
 
 def test_only_the_listed_requests_are_computed(op):
