@@ -40,7 +40,10 @@ def cpu_seconds(proc: psutil.Process) -> float:
 def process_cpu(server: ServerProcess) -> dict[str, float]:
     """CPU seconds so far of the API server and of its children (the engine core)."""
     api = psutil.Process(server.proc.pid)
+    t = api.cpu_times()
     return {
+        "api_user": t.user,
+        "api_sys": t.system,
         "api": cpu_seconds(api),
         "core": sum(cpu_seconds(c) for c in api.children(recursive=True)),
         "client": time.process_time(),

@@ -1,0 +1,103 @@
+"""The C++ CPU attention kernels alone: decode at batch 1 and 16 (K/V from
+memory: 24 different caches in turn, as a step's layers read theirs) and a
+step of prefill chunks (issue 13).
+
+`--so PATH` loads a given build of the extension instead of this source's
+(builds live in ~/.cache/pagoda/kernels/cpu-<hash>/), so two versions of a
+kernel can be compared in alternating runs:
+
+    python benchmarks/bench_cpu_attention.py
+    python benchmarks/bench_cpu_attention.py --so ~/.cache/pagoda/kernels/cpu-<old>/pagoda_cpu_kernels.so
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parents[1] / "tests" / "kernels" / "cpu"
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_extension(so: str | None):
+    if so is None:
+        from pagoda.kernels.cpu import build
+
+        return build()
+    loader = importlib.machinery.ExtensionFileLoader("pagoda_cpu_kernels", so)
+    spec = importlib.util.spec_from_file_location("pagoda_cpu_kernels", so, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def bench_decode(ext, dtype, batch: int, reps: int) -> float:
+    """Median us per call; 3 KV heads x 3 (SmolLM2), head size 64, 16-position blocks."""
+    # The test's batch builder: scattered blocks, NaN everywhere else.
+    t = _module(TESTS / "test_decode_attention.py", "decode_test")
+    rng = random.Random(0)
+    lens = [rng.randint(33, 576) for _ in range(batch)]
+    batches = [t.make_batch(lens, 3, 3, 64, 16, dtype, seed=s) for s in range(24)]
+    times = []
+    for _ in range(reps):
+        for q, cache, table, _, _ in batches:
+            out = torch.empty_like(q)
+            seq_lens = torch.tensor(lens, dtype=torch.int32)
+            tokens = torch.arange(batch)
+            start = time.perf_counter()
+            ext.decode_attention(out, q, cache, table, seq_lens, tokens, 0.125)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def bench_prefill(ext, dtype, reps: int) -> tuple[float, float]:
+    """Median ms per call and GFLOP/s for four chunks (seq_len, q_len)."""
+    t = _module(TESTS / "test_prefill_attention.py", "prefill_test")
+    chunks = [(272, 272), (400, 256), (128, 128), (500, 100)]
+    q, cache, table, lens, qsl, _, _ = t.make_step(chunks, 3, 3, 64, dtype)
+    rows = torch.arange(len(chunks))
+    out = torch.empty_like(q)
+    flops = sum(4 * ql * (s - ql / 2) * 9 * 64 for s, ql in chunks)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        ext.prefill_attention(out, q, cache, table, lens, qsl, rows, 0.125)
+        times.append(time.perf_counter() - start)
+    m = statistics.median(times)
+    return m * 1e3, flops / m / 1e9
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--so", default=None, help="a built pagoda_cpu_kernels.so to load")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=20)
+    ns = p.parse_args()
+    torch.set_num_threads(ns.threads)
+    ext = load_extension(ns.so)
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        for batch in (1, 16):
+            us = bench_decode(ext, dtype, batch, ns.reps)
+            print(f"decode  {name:8} batch {batch:2}: {us:8.1f} us", flush=True)
+        ms, gflops = bench_prefill(ext, dtype, 2 * ns.reps)
+        print(f"prefill {name:8} 4 chunks: {ms:8.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
