@@ -58,7 +58,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share the embedding's weight."""
 
     # The weight packed for a CPU linear kernel (`packed_linear.pack_model`); the
-    # plain `weight` stays, as the embedding may share it.
+    # plain `weight` stays only where the embedding shares it.
     packed_weight: packed_linear.PackedWeight | None = None
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:

@@ -95,6 +95,24 @@ def test_pack_model_packs_linears_and_lm_head_and_frees_linear_weights():
     torch.testing.assert_close(model.head.compute_logits(x), expected[1], rtol=2e-5, atol=1e-4)
 
 
+def test_pack_model_frees_an_untied_lm_heads_plain_weight():
+    model = nn.Module()
+    model.embed = VocabParallelEmbedding(128, 64)
+    model.head = ParallelLMHead(128, 64)  # not tied: a weight of its own
+    gen = torch.Generator().manual_seed(3)
+    for p in model.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=gen))
+    x = torch.randn(5, 64, generator=gen)
+    ids = torch.tensor([0, 5, 127])
+    expected = (model.head.compute_logits(x), model.embed(ids))
+
+    assert packed_linear.pack_model(model, 16) == 1
+    assert model.head.weight.numel() == 0
+    assert model.embed.weight.shape == (128, 64)
+    torch.testing.assert_close(model.head.compute_logits(x), expected[0], rtol=2e-5, atol=1e-4)
+    torch.testing.assert_close(model.embed(ids), expected[1])
+
+
 def test_not_available_off_the_cpu_or_in_half_precision():
     assert not packed_linear.available(torch.float32, torch.device("cuda"))
     assert not packed_linear.available(torch.float16, CPU)
