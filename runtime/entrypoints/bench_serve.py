@@ -206,7 +206,11 @@ async def run_benchmark(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # A base URL may carry a path (a proxy's prefix): the API paths go after it.
     root = base_url.rstrip("/")
-    connector = aiohttp.TCPConnector(limit=max_concurrency or len(requests) or 1)
+    # A connection per request: with pooled connections, llama-server at 16
+    # concurrent streams failed 9 of 64 requests ("Can not write request
+    # body", "Server disconnected"; aiohttp retries no POST); with a fresh
+    # connection each, none (issue 13's peer benchmark).
+    connector = aiohttp.TCPConnector(limit=max_concurrency or len(requests) or 1, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(
         connector=connector, timeout=timeout, read_bufsize=1 << 20
