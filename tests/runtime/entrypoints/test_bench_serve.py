@@ -5,6 +5,7 @@ Pagoda and llama-server do, or fails."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -55,9 +56,11 @@ def _token(text: str, finish: str | None = None) -> dict:
     return {"choices": [{"index": 0, "text": text, "finish_reason": finish}]}
 
 
-async def _scripted_server(aiohttp_events, path_prefix: str = ""):
+@contextlib.asynccontextmanager
+async def scripted_server(aiohttp_events, path_prefix: str = ""):
     """A server whose /v1/completions streams `aiohttp_events(body)`: a list
-    of byte strings (each written as one HTTP chunk) or an int status."""
+    of byte strings (each written as one HTTP chunk) or an int status.
+    Yields its base URL and the request bodies it has seen."""
     seen: list[dict] = []
 
     async def models(request):
@@ -84,7 +87,10 @@ async def _scripted_server(aiohttp_events, path_prefix: str = ""):
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}{path_prefix}", seen
+    try:
+        yield f"http://127.0.0.1:{port}{path_prefix}", seen
+    finally:
+        await runner.cleanup()
 
 
 def _requests(n: int, output_len: int) -> list[BenchRequest]:
@@ -103,11 +109,8 @@ async def test_client_counts_tokens_and_times_them(path_prefix):
         events += [usage_event[:9], usage_event[9:], b"data: [DONE]\n\n"]
         return events
 
-    runner, url, seen = await _scripted_server(script, path_prefix)
-    try:
+    async with scripted_server(script, path_prefix) as (url, seen):
         summary = await run_benchmark(url, _requests(4, 5), max_concurrency=2)
-    finally:
-        await runner.cleanup()
     assert summary["completed"] == 4 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 20
     assert summary["total_input_tokens"] == 12
@@ -125,11 +128,8 @@ async def test_client_skips_llama_servers_closing_chunk_and_counts_without_usage
         # llama-server: a last chunk with no text, only the finish reason, and no usage.
         return [*events, _event(_token("", "length")), b"data: [DONE]\n\n"]
 
-    runner, url, _ = await _scripted_server(script)
-    try:
+    async with scripted_server(script) as (url, _):
         summary = await run_benchmark(url, _requests(2, 3), model="m")
-    finally:
-        await runner.cleanup()
     assert summary["completed"] == 2
     assert summary["total_output_tokens"] == 6
 
@@ -144,11 +144,8 @@ async def test_client_skips_llama_servers_closing_chunk_and_counts_without_usage
     ],
 )
 async def test_client_reports_failures_per_request(script, error):
-    runner, url, _ = await _scripted_server(script)
-    try:
+    async with scripted_server(script) as (url, _):
         summary = await run_benchmark(url, _requests(3, 4), model="m")
-    finally:
-        await runner.cleanup()
     assert summary["completed"] == 0 and summary["failed"] == 3
     assert any(error in e for e in summary["errors"]), summary["errors"]
 
@@ -157,11 +154,8 @@ async def test_client_reports_a_server_that_hangs_up_mid_stream():
     def script(body):
         return [_event(_token("a"))]  # then the handler ends without [DONE]
 
-    runner, url, _ = await _scripted_server(script)
-    try:
+    async with scripted_server(script) as (url, _):
         summary = await run_benchmark(url, _requests(1, 4), model="m")
-    finally:
-        await runner.cleanup()
     # The stream ended cleanly after one token: one token counted, not four.
     assert summary["completed"] == 1
     assert summary["total_output_tokens"] == 1
