@@ -61,52 +61,100 @@ inline void scores_rows(const float* __restrict q, const float* __restrict kt,
 }
 
 #if defined(__AVX512F__)
-// The same in intrinsics: the compiler kept the arrays above in memory (a
-// load and a store around every FMA), ~100 GFLOP/s for the float32 kernel
-// against bf16's ~300 (issue 13). Here every accumulator is a register.
-template <int64_t D, int64_t R>
-inline void scores_rows_avx512(const float* __restrict q, const float* __restrict kt,
-                               float* __restrict s) {
+// The same loops in intrinsics, every accumulator a register (the compiler
+// kept the arrays above in memory: float32 ran at ~100 GFLOP/s, issue 13),
+// for both vector paths. What a step of them does depends on what they
+// read: float32 takes one key (or dimension) per step with FMAs; bf16 a
+// pair, packed in a 32-bit word, with vdpbf16ps.
+struct FloatLanes {
+  using Word = float;
+  static constexpr int64_t kPerWord = 1;
+  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static __m512 fma(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
+};
+
+#if defined(__AVX512BF16__)
+struct BFloat16Lanes {
+  using Word = uint32_t;
+  static constexpr int64_t kPerWord = 2;
+  static __m512 load(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+  static __m512 broadcast(const uint32_t* p) {
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*p)));
+  }
+  static __m512 fma(__m512 acc, __m512 a, __m512 b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
+  }
+};
+#endif
+
+// s[r][0:16] = q_r . keys, R rows at once (independent accumulators): q rows
+// of D / kPerWord words, K as [D / kPerWord][kBlock] words.
+template <typename L, int64_t D, int64_t R>
+inline void scores_rows_vec(const typename L::Word* __restrict q, const typename L::Word* __restrict kt,
+                            float* __restrict s) {
+  constexpr int64_t J = D / L::kPerWord;
   __m512 acc[R];
   for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
-    const __m512 kv = _mm512_loadu_ps(kt + d * kBlock);
-    for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * D + d]), kv, acc[r]);
+  for (int64_t j = 0; j < J; ++j) {
+    const __m512 kv = L::load(kt + j * kBlock);
+    for (int64_t r = 0; r < R; ++r) acc[r] = L::fma(acc[r], L::broadcast(q + r * J + j), kv);
   }
   for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock, acc[r]);
 }
 
-template <int64_t D, int64_t R>
-inline void accumulate_rows_avx512(float* __restrict acc, const float* __restrict p,
-                                   const float* __restrict corr, const float* __restrict v,
-                                   int64_t keys) {
+// acc[r] = acc[r] * corr[r] + sum_k p[r][k] v[k], R rows at once: p rows of
+// kBlock / kPerWord words, V as [steps][D] words.
+template <typename L, int64_t D, int64_t R>
+inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* __restrict p,
+                                const float* __restrict corr, const typename L::Word* __restrict v,
+                                int64_t steps) {
   constexpr int64_t V = D / 16;
+  constexpr int64_t P = kBlock / L::kPerWord;
   __m512 a[R][V];
   for (int64_t r = 0; r < R; ++r) {
     const __m512 c = _mm512_set1_ps(corr[r]);
     for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), c);
   }
-  for (int64_t k = 0; k < keys; ++k) {
+  for (int64_t k = 0; k < steps; ++k) {
     __m512 vv[V];
-    for (int64_t i = 0; i < V; ++i) vv[i] = _mm512_loadu_ps(v + k * D + 16 * i);
+    for (int64_t i = 0; i < V; ++i) vv[i] = L::load(v + k * D + 16 * i);
     for (int64_t r = 0; r < R; ++r) {
-      const __m512 pk = _mm512_set1_ps(p[r * kBlock + k]);
-      for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_fmadd_ps(pk, vv[i], a[r][i]);
+      const __m512 pk = L::broadcast(p + r * P + k);
+      for (int64_t i = 0; i < V; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
     }
   }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, a[r][i]);
 }
+
+template <typename L, int64_t D>
+inline void scores_vec(const typename L::Word* q, const typename L::Word* kt, float* s, int64_t rows) {
+  constexpr int64_t J = D / L::kPerWord;
+  int64_t r = 0;
+  for (; r + kRowBlock <= rows; r += kRowBlock) scores_rows_vec<L, D, kRowBlock>(q + r * J, kt, s + r * kBlock);
+  for (; r < rows; ++r) scores_rows_vec<L, D, 1>(q + r * J, kt, s + r * kBlock);
+}
+
+template <typename L, int64_t D>
+inline void accumulate_vec(float* acc, const typename L::Word* p, const float* corr,
+                           const typename L::Word* v, int64_t rows, int64_t steps) {
+  constexpr int64_t P = kBlock / L::kPerWord;
+  constexpr int64_t RA = D <= 64 ? 4 : 2;  // rows x D/16 accumulators in registers
+  int64_t r = 0;
+  for (; r + RA <= rows; r += RA)
+    accumulate_rows_vec<L, D, RA>(acc + r * D, p + r * P, corr + r, v, steps);
+  for (; r < rows; ++r) accumulate_rows_vec<L, D, 1>(acc + r * D, p + r * P, corr + r, v, steps);
+}
 #endif
 
 template <int64_t D>
 inline void scores(const float* q, const float* kt, float* s, int64_t rows) {
-  int64_t r = 0;
 #if defined(__AVX512F__)
-  for (; r + kRowBlock <= rows; r += kRowBlock)
-    scores_rows_avx512<D, kRowBlock>(q + r * D, kt, s + r * kBlock);
-  for (; r < rows; ++r) scores_rows_avx512<D, 1>(q + r * D, kt, s + r * kBlock);
+  scores_vec<FloatLanes, D>(q, kt, s, rows);
+  return;
 #endif
+  int64_t r = 0;
   for (; r + kRowBlock <= rows; r += kRowBlock)
     scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kBlock);
   for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kBlock);
@@ -134,13 +182,11 @@ inline void accumulate_rows(float* __restrict acc, const float* __restrict p,
 template <int64_t D>
 inline void accumulate(float* acc, const float* p, const float* corr, const float* v,
                        int64_t rows, int64_t keys) {
-  int64_t r = 0;
 #if defined(__AVX512F__)
-  constexpr int64_t RA = D <= 64 ? 4 : 2;  // rows x D/16 accumulators in registers
-  for (; r + RA <= rows; r += RA)
-    accumulate_rows_avx512<D, RA>(acc + r * D, p + r * kBlock, corr + r, v, keys);
-  for (; r < rows; ++r) accumulate_rows_avx512<D, 1>(acc + r * D, p + r * kBlock, corr + r, v, keys);
+  accumulate_vec<FloatLanes, D>(acc, p, corr, v, rows, keys);
+  return;
 #endif
+  int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
     accumulate_rows<D, 4>(acc + r * D, p + r * kBlock, corr + r, v, keys);
   for (; r < rows; ++r) accumulate_rows<D, 1>(acc + r * D, p + r * kBlock, corr + r, v, keys);
@@ -337,45 +383,6 @@ void pack_block(const at::BFloat16* kb, const at::BFloat16* vb, int64_t row_stri
   }
 }
 
-// s[r][0:16] = q_r . keys, R rows at once (independent accumulators).
-template <int64_t D, int64_t R>
-inline void bf16_scores_rows(const uint32_t* __restrict q, const uint32_t* __restrict kp,
-                             float* __restrict s) {
-  __m512 acc[R];
-  for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < D / 2; ++j) {
-    const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + j * kBlock);
-    for (int64_t r = 0; r < R; ++r) {
-      const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (D / 2) + j]));
-      acc[r] = _mm512_dpbf16_ps(acc[r], qv, kv);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock, acc[r]);
-}
-
-// acc[r] = acc[r] * corr[r] + sum_k p[r][k] v[k], R rows at once.
-template <int64_t D, int64_t R>
-inline void bf16_accumulate_rows(float* __restrict acc, const uint32_t* __restrict p,
-                                 const float* __restrict corr, const uint32_t* __restrict vp,
-                                 int64_t pairs) {
-  constexpr int64_t V = D / 16;
-  __m512 a[R][V];
-  for (int64_t r = 0; r < R; ++r) {
-    const __m512 c = _mm512_set1_ps(corr[r]);
-    for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), c);
-  }
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    __m512bh vv[V];
-    for (int64_t i = 0; i < V; ++i) vv[i] = (__m512bh)_mm512_loadu_si512(vp + kp * D + 16 * i);
-    for (int64_t r = 0; r < R; ++r) {
-      const __m512bh pv = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[r * (kBlock / 2) + kp]));
-      for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_dpbf16_ps(a[r][i], pv, vv[i]);
-    }
-  }
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, a[r][i]);
-}
-
 template <int64_t D>
 void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_table, const at::Tensor& seq_lens,
@@ -443,22 +450,14 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::
         const int64_t keys = std::min(kBlock, last_pos + 1 - base);
         const uint32_t* kp = packed.at(task.req, b, task.kv_head);
         const uint32_t* vp = kp + W;
-        int64_t r = 0;
-        for (; r + kRowBlock <= rows; r += kRowBlock)
-          bf16_scores_rows<D, kRowBlock>(q.data() + r * (D / 2), kp, s.data() + r * kBlock);
-        for (; r < rows; ++r) bf16_scores_rows<D, 1>(q.data() + r * (D / 2), kp, s.data() + r * kBlock);
-        for (r = 0; r < rows; ++r) {
+        scores_vec<BFloat16Lanes, D>(q.data(), kp, s.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) {
           float* sr = s.data() + r * kBlock;
           softmax_block16(sr, first_pos + r / group - base + 1, maxes[r], sums[r], corr[r]);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.data() + r * (kBlock / 2)),
                               (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr)));
         }
-        const int64_t pairs = (keys + 1) / 2;
-        constexpr int64_t RA = D <= 64 ? 4 : 2;  // rows x D/16 accumulators in registers
-        for (r = 0; r + RA <= rows; r += RA)
-          bf16_accumulate_rows<D, RA>(acc.data() + r * D, p.data() + r * (kBlock / 2), corr.data() + r, vp, pairs);
-        for (; r < rows; ++r)
-          bf16_accumulate_rows<D, 1>(acc.data() + r * D, p.data() + r * (kBlock / 2), corr.data() + r, vp, pairs);
+        accumulate_vec<BFloat16Lanes, D>(acc.data(), p.data(), corr.data(), vp, rows, (keys + 1) / 2);
       }
       for (int64_t i = 0; i < n_pos; ++i) {
         const int64_t tok = first_tok + task.q_begin + i;
