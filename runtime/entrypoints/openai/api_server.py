@@ -336,9 +336,9 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
 
 def run_server(args: EngineArgs, config: ServerConfig) -> int:
     """`serve` on uvloop where it is installed (the `serve` extra installs
-    it, as vLLM does): every streamed token passes through the event loop
-    (ZMQ receive, the SSE write), and uvloop's loop costs less CPU per pass
-    than asyncio's, CPU the engine's threads share on a small machine."""
+    it, as vLLM does), else on asyncio's loop. Every streamed token passes
+    through the event loop; on the 2-core box uvloop took the API server's
+    CPU per token from 0.82-0.84 to 0.80 ms, a small gain (docs/benchmarks.md)."""
     try:
         import uvloop
     except ImportError:
