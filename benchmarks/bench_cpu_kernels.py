@@ -50,6 +50,9 @@ def main() -> int:
         kv_cache_memory_gib=1.0,
         max_num_seqs=max(ns.batch),
         enable_prefix_caching=False,
+        # The settings swap kernels under a loaded model: a recorded decode
+        # graph would keep replaying the kernels it was captured with.
+        enforce_eager=True,
     )
     runner = llm.engine.engine_core.executor.worker.runner
     backend = runner.backend

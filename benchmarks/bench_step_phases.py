@@ -7,7 +7,8 @@ phase, wrapping the engine's own methods:
   schedule   Scheduler.schedule()
   prep       ModelRunner._update_batch + _prepare_inputs (persistent batch,
              flattened inputs, attention metadata)
-  forward    the model's forward (embedding, layers, final norm)
+  forward    the model's forward (embedding, layers, final norm), or the
+             replay of a decode graph where one was captured
   lm_head    compute_logits of the sampled rows
   sample     sampling metadata + the sampler
   update     Scheduler.update_from_output()
@@ -62,6 +63,8 @@ def measure(llm, batch: int, prompt_len: int, output_len: int, seed: int) -> dic
     _wrap(runner, "_prepare_inputs", "prep", times)
     model = runner.model
     _wrap(model, "forward", "forward", times)
+    if runner.graph_runner is not None:  # a decode step replays a graph instead
+        _wrap(runner.graph_runner, "run", "forward", times)
     _wrap(model, "compute_logits", "lm_head", times)
     _wrap(runner, "_sampling_metadata", "sample", times)
     _wrap(runner.sampler, "forward", "sample", times)

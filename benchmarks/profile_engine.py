@@ -55,6 +55,9 @@ def main() -> int:
         kv_cache_memory_gib=1.0,
         max_num_seqs=ns.max_num_seqs,
         enable_prefix_caching=False,
+        # A replayed decode graph runs no module's forward: the by-layer
+        # timing wraps them, so it needs the eager path.
+        enforce_eager=ns.by_layer,
         **json.loads(ns.engine_args),
     )
     params = SamplingParams(temperature=0.0, max_tokens=64, min_tokens=64, ignore_eos=True)

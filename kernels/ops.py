@@ -134,6 +134,17 @@ def silu_and_mul(x: torch.Tensor, *, triton: bool | None = None, cpu: bool = Fal
     return reference.silu_and_mul_ref(x)
 
 
+def embedding(ids: torch.Tensor, weight: torch.Tensor, *, cpu: bool = False) -> torch.Tensor:
+    """`weight[ids]`: the rows of `weight` [vocab, hidden] for `ids` int64
+    [tokens]. `cpu`: the C++ kernel (one call a CPU graph can record, and an
+    error naming an id outside the vocabulary) instead of F.embedding."""
+    if cpu and ids.dim() == 1 and weight.dim() == 2 and weight.stride(1) == 1:
+        from pagoda.kernels.cpu import build
+
+        return build().embedding(ids, weight)
+    return torch.nn.functional.embedding(ids, weight)
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,

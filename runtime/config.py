@@ -130,9 +130,10 @@ class EngineArgs:
     # Ranks one model is split over (one worker process each); the model's
     # attention heads must divide by it.
     tensor_parallel_size: int = 1
-    # CUDA: replay captured graphs for decode-only steps of these batch sizes
-    # (default 1, 2, 4, 8, then multiples of 16 up to max_num_seqs);
-    # enforce_eager turns graphs off.
+    # Replay captured graphs for decode-only steps of these batch sizes
+    # (runtime/worker/decode_graph.py): CUDA graphs, default 1, 2, 4, 8, then
+    # multiples of 16 up to max_num_seqs; on the CPU the recorded C++ kernel
+    # calls of a step, default 1, 2, 4, 8, 16. enforce_eager turns graphs off.
     enforce_eager: bool = False
     cuda_graph_sizes: list[int] | None = None
     # CUDA: RMSNorm, SiLU-and-mul and RoPE run as Triton kernels; CPU: linear

@@ -42,10 +42,11 @@ SOURCES = [
         "layer_ops.cpp",
         "linear.cpp",
         "cache_write.cpp",
+        "graph.cpp",
     )
 ]
 # Included by the sources: part of what a build is cached under.
-HEADERS = [Path(__file__).with_name("cpu_common.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "graph.h")]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
 # thread. The libgomp.so.1 torch already loaded serves the extension (same

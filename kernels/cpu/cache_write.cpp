@@ -7,7 +7,11 @@
 
 #include <cstring>
 
-void reshape_and_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
+#include "graph.h"
+
+namespace {
+
+void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
                        at::Tensor slot_mapping) {
   TORCH_CHECK(kv_cache.device().is_cpu() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
                   kv_cache.is_contiguous(),
@@ -42,4 +46,11 @@ void reshape_and_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
     std::memcpy(k_cache + slots[t] * bytes, k + t * k_stride, bytes);
     std::memcpy(v_cache + slots[t] * bytes, v + t * v_stride, bytes);
   }
+}
+
+}  // namespace
+
+void reshape_and_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
+                       at::Tensor slot_mapping) {
+  pagoda_cpu::run_op([=]() mutable { write_cache(key, value, kv_cache, slot_mapping); });
 }

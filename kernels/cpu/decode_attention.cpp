@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "graph.h"
 
 namespace {
 
@@ -337,7 +338,9 @@ void decode_attention_impl(
 
 // out[token_index[r]] = attention of query[token_index[r]] over the first
 // seq_lens[r] positions of request r's blocks.
-void decode_attention(
+namespace {
+
+void checked_decode_attention(
     at::Tensor out, at::Tensor query, at::Tensor kv_cache, at::Tensor block_table,
     at::Tensor seq_lens, at::Tensor token_index, double scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
@@ -374,4 +377,12 @@ void decode_attention(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "decode_attention", [&] {
     decode_attention_impl<scalar_t>(out, query, kv_cache, block_table, seq_lens, token_index, scale);
   });
+}
+
+}  // namespace
+
+void decode_attention(
+    at::Tensor out, at::Tensor query, at::Tensor kv_cache, at::Tensor block_table,
+    at::Tensor seq_lens, at::Tensor token_index, double scale) {
+  pagoda_cpu::run_op([=]() mutable { checked_decode_attention(out, query, kv_cache, block_table, seq_lens, token_index, scale); });
 }

@@ -13,10 +13,12 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 
 #include "cpu_common.h"
+#include "graph.h"
 
 namespace {
 
@@ -67,10 +69,12 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
               "weight must be [hidden] in x's dtype");
   auto out = at::empty({x.size(0), x.size(1)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
-                            weight.data_ptr<scalar_t>(), x.size(0), x.size(1), x.stride(0), 0,
-                            static_cast<float>(eps));
+  pagoda_cpu::run_op([=]() mutable {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+      rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
+                              weight.data_ptr<scalar_t>(), x.size(0), x.size(1), x.stride(0), 0,
+                              static_cast<float>(eps));
+    });
   });
   return out;
 }
@@ -85,10 +89,12 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor r
               "weight must be [hidden] in x's dtype");
   auto out = at::empty({x.size(0), x.size(1)}, x.options());
   auto sum = at::empty({x.size(0), x.size(1)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                            residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), x.size(0),
-                            x.size(1), x.stride(0), residual.stride(0), static_cast<float>(eps));
+  pagoda_cpu::run_op([=]() mutable {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
+      rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                              residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), x.size(0),
+                              x.size(1), x.stride(0), residual.stride(0), static_cast<float>(eps));
+    });
   });
   return {out, sum};
 }
@@ -111,20 +117,9 @@ void rotate_heads(scalar_t* base, int64_t tok_stride, int64_t head_stride, int64
   }
 }
 
-}  // namespace
-
-void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
-                      at::Tensor cos_sin_cache) {
-  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 && key.stride(2) == 1,
-              "query/key must be [tokens, heads, head_size] with contiguous heads");
-  TORCH_CHECK(query.size(0) == key.size(0) && positions.numel() == query.size(0),
-              "one position per token");
-  TORCH_CHECK(query.scalar_type() == key.scalar_type(), "query and key dtypes differ");
-  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
-                  cos_sin_cache.size(1) <= query.size(2) && cos_sin_cache.size(1) % 2 == 0,
-              "cos_sin_cache must be [max_position, rot_dim], rot_dim even and <= head_size");
-  TORCH_CHECK(key.size(2) == query.size(2), "head sizes differ");
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "cos_sin_cache must be float32");
+// The positions are checked at every call (a replay reads new ones).
+void rotate(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
+            const at::Tensor& cos_sin_cache) {
   auto pos = positions.to(at::kLong).contiguous();
   const int64_t* p = pos.data_ptr<int64_t>();
   const int64_t tokens = query.size(0), max_pos = cos_sin_cache.size(0);
@@ -144,6 +139,23 @@ void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
       }
     });
   });
+}
+
+}  // namespace
+
+void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
+                      at::Tensor cos_sin_cache) {
+  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 && key.stride(2) == 1,
+              "query/key must be [tokens, heads, head_size] with contiguous heads");
+  TORCH_CHECK(query.size(0) == key.size(0) && positions.numel() == query.size(0),
+              "one position per token");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type(), "query and key dtypes differ");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
+                  cos_sin_cache.size(1) <= query.size(2) && cos_sin_cache.size(1) % 2 == 0,
+              "cos_sin_cache must be [max_position, rot_dim], rot_dim even and <= head_size");
+  TORCH_CHECK(key.size(2) == query.size(2), "head sizes differ");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "cos_sin_cache must be float32");
+  pagoda_cpu::run_op([=]() mutable { rotate(positions, query, key, cos_sin_cache); });
 }
 
 namespace {
@@ -201,15 +213,41 @@ at::Tensor silu_and_mul(at::Tensor x) {
   TORCH_CHECK(x.size(1) % 2 == 0, "x must be [rows, 2 * d]");
   const int64_t rows = x.size(0), d = x.size(1) / 2;
   auto out = at::empty({rows, d}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
-    const scalar_t* src = x.data_ptr<scalar_t>();
-    scalar_t* dst = out.data_ptr<scalar_t>();
-    const int64_t stride = x.stride(0);
-    at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        silu_and_mul_row<scalar_t>(src + r * stride, src + r * stride + d, dst + r * d, d);
-      }
+  pagoda_cpu::run_op([=]() mutable {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+      const scalar_t* src = x.data_ptr<scalar_t>();
+      scalar_t* dst = out.data_ptr<scalar_t>();
+      const int64_t stride = x.stride(0);
+      at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          silu_and_mul_row<scalar_t>(src + r * stride, src + r * stride + d, dst + r * d, d);
+        }
+      });
     });
+  });
+  return out;
+}
+
+// The token embedding: out[t] = weight[ids[t]]. One call where F.embedding
+// is an aten op a CPU graph cannot record.
+at::Tensor embedding(at::Tensor ids, at::Tensor weight) {
+  TORCH_CHECK(ids.device().is_cpu() && ids.dim() == 1 && ids.scalar_type() == at::kLong,
+              "ids must be a CPU int64 [tokens] tensor");
+  check_rows(weight, "weight");
+  auto out = at::empty({ids.size(0), weight.size(1)}, weight.options());
+  pagoda_cpu::run_op([=]() mutable {
+    auto idx = ids.contiguous();
+    const int64_t* id = idx.data_ptr<int64_t>();
+    const int64_t tokens = idx.size(0), vocab = weight.size(0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      TORCH_CHECK(id[t] >= 0 && id[t] < vocab, "token id ", id[t], " outside the vocabulary (",
+                  vocab, ")");
+    }
+    const int64_t bytes = weight.size(1) * static_cast<int64_t>(weight.element_size());
+    const char* src = static_cast<const char*>(weight.data_ptr());
+    char* dst = static_cast<char*>(out.data_ptr());
+    const int64_t src_stride = weight.stride(0) * weight.element_size();
+    for (int64_t t = 0; t < tokens; ++t) std::memcpy(dst + t * bytes, src + id[t] * src_stride, bytes);
   });
   return out;
 }

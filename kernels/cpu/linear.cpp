@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "cpu_common.h"
+#include "graph.h"
 
 namespace {
 
@@ -232,21 +233,18 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
                     bias->scalar_type() == x.scalar_type(),
                 "bias must be [out_features] in x's dtype");
   }
+  TORCH_CHECK(supported(x.scalar_type()), "no packed linear for ", x.scalar_type(), " on this CPU");
   auto out = at::empty({x.size(0), out_features}, x.options());
   if (x.size(0) == 0) return out;
-  const at::Tensor* b = bias.has_value() ? &*bias : nullptr;
+  pagoda_cpu::run_op([=]() mutable {
+    const at::Tensor* b = bias.has_value() ? &*bias : nullptr;
 #if defined(__AVX512F__)
-  if (x.scalar_type() == at::kFloat) {
-    linear_rows<Float32Step>(x, packed, b, out);
-    return out;
-  }
+    if (x.scalar_type() == at::kFloat) linear_rows<Float32Step>(x, packed, b, out);
 #if defined(__AVX512BF16__)
-  if (x.scalar_type() == at::kBFloat16) {
-    linear_rows<BFloat16Step>(x, packed, b, out);
-    return out;
-  }
+    if (x.scalar_type() == at::kBFloat16) linear_rows<BFloat16Step>(x, packed, b, out);
 #endif
 #endif
-  (void)b;
-  TORCH_CHECK(false, "no packed linear for ", x.scalar_type(), " on this CPU");
+    (void)b;
+  });
+  return out;
 }

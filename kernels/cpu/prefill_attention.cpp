@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpu_common.h"
+#include "graph.h"
 
 namespace {
 
@@ -478,9 +479,11 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::
 // For each request r in `rows`: out[qsl[r]:qsl[r+1]] = causal attention of
 // those queries (the last q_len of seq_lens[r] positions) over the request's
 // paged context.
-void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
-                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
-                       at::Tensor rows, double scale) {
+namespace {
+
+void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
+                                   at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
+                                   at::Tensor rows, double scale) {
   TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
@@ -540,5 +543,15 @@ void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
       prefill_attention_impl<scalar_t, 64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
     else
       prefill_attention_impl<scalar_t, 128>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
+  });
+}
+
+}  // namespace
+
+void prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
+                       at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
+                       at::Tensor rows, double scale) {
+  pagoda_cpu::run_op([=]() mutable {
+    checked_prefill_attention(out, query, kv_cache, block_table, seq_lens, query_start_loc, rows, scale);
   });
 }

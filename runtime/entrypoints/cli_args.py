@@ -37,8 +37,9 @@ _HELP = {
     "generation_config.json), none, or a folder holding one",
     "random_weights": "random weights (benchmarks at sizes whose weights are absent)",
     "hf_overrides": "JSON object of model-config fields to override",
-    "enforce_eager": "CUDA: never replay CUDA graphs",
-    "cuda_graph_sizes": "CUDA: decode batch sizes to capture, comma-separated",
+    "enforce_eager": "never replay decode graphs (CUDA graphs; on the CPU, recorded kernel calls)",
+    "cuda_graph_sizes": "decode batch sizes to capture as graphs, comma-separated (the name is "
+    "vLLM's; it sets the CPU's graphs too)",
     "tensor_parallel_size": "ranks (GPUs, or CPU processes) one model replica is split over",
     "enable_lora": "serve LoRA adapters (loaded at run time, chosen per request by name)",
     "max_loras": "LoRA adapters active in one batch",

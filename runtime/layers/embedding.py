@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pagoda.kernels import ops
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers import packed_linear
+from pagoda.runtime.layers.custom_op import CustomOp
 from pagoda.runtime.model_loader.weights import Weight, materialize
 from torch import nn
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(CustomOp):
     """Embedding whose rows (vocabulary entries) are split across ranks.
 
     Each rank holds a contiguous range of `ceil(V / tp)` rows (the last one
@@ -46,7 +48,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return ops.embedding(input_ids, self.weight, cpu=self.use_cpu_kernels)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.per_rank)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)

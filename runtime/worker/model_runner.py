@@ -22,7 +22,7 @@ from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
 from pagoda.runtime.sampling_params import InvalidRequestError
 from pagoda.runtime.spec_decode.proposer import SpecStep
 from pagoda.runtime.spec_decode.spec_decoder import SpecDecoder
-from pagoda.runtime.worker.cuda_graph import CudaGraphRunner, default_capture_sizes
+from pagoda.runtime.worker.decode_graph import DecodeGraphRunner, default_capture_sizes
 from pagoda.runtime.worker.input_batch import CachedRequestState, InputBatch
 
 logger = logging.getLogger(__name__)
@@ -71,15 +71,19 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.weight_bytes = 0
-        # Graphs need kernels that never sync with the host: the Triton
-        # backend's; the torch backend decides its work from host tensors.
-        self.use_cuda_graphs = (
-            device.type == "cuda" and self.backend.name == "triton" and not runner.enforce_eager
+        # Graphs of decode steps (worker/decode_graph.py). CUDA: they need
+        # kernels that never sync with the host, the Triton backend's; the
+        # torch backend decides its work from host tensors. CPU: every op of
+        # the forward must be a C++ kernel (so one process: a tensor-parallel
+        # all-reduce is not one).
+        self.use_graphs = not runner.enforce_eager and (
+            (device.type == "cuda" and self.backend.name == "triton")
+            or (device.type == "cpu" and self.use_cpu_kernels and tp.world_size == 1)
         )
-        self.cuda_graph_sizes = runner.cuda_graph_sizes or default_capture_sizes(
-            self.scheduler_config.max_num_seqs
+        self.graph_sizes = runner.cuda_graph_sizes or default_capture_sizes(
+            self.scheduler_config.max_num_seqs, device.type
         )
-        self.graph_runner: CudaGraphRunner | None = None
+        self.graph_runner: DecodeGraphRunner | None = None
         self.lora_manager: LoRAManager | None = None
         # lora_int_id -> the request that named it (where to reload it from).
         self.lora_requests: dict[int, LoRARequest] = {}
@@ -179,7 +183,7 @@ class ModelRunner:
         )
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate every layer's cache, bind it, and capture the CUDA graphs
+        """Allocate every layer's cache, bind it, and capture the decode graphs
         (they read the caches, so they come after)."""
         a = self.model_config.arch
         shape = kv_cache_shape(
@@ -193,17 +197,19 @@ class ModelRunner:
         if self.spec is not None:
             # A draft model's cache: as many blocks, so one block table serves both.
             self.spec.proposer.initialize_kv_cache(num_blocks)
-        if self.use_cuda_graphs:
-            self.graph_runner = CudaGraphRunner(
+        if self.use_graphs:
+            self.graph_runner = DecodeGraphRunner(
                 self.model,
                 self.backend,
-                [s for s in self.cuda_graph_sizes if s <= self.scheduler_config.max_num_seqs],
+                [s for s in self.graph_sizes if s <= self.scheduler_config.max_num_seqs],
                 self.batch.block_table.shape[1],
                 self.model_config.max_model_len,
                 self.num_kv_heads,
                 self.device,
             )
             self.graph_runner.capture()
+            if not self.graph_runner.graphs:
+                self.graph_runner = None
 
     # ---- one step -----------------------------------------------------
     def _update_batch(self, so: SchedulerOutput) -> None:

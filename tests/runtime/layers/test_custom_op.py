@@ -93,8 +93,9 @@ def test_set_triton_kernels_reaches_every_custom_op_of_a_model():
     )
     model = LlamaForCausalLM(cfg)
     ops = [m for m in model.modules() if isinstance(m, CustomOp)]
-    # 2 norms + 1 activation per layer, the final norm, one shared RoPE.
-    assert set_triton_kernels(model, True) == len(ops) == 2 * 3 + 1 + 1
+    # 2 norms + 1 activation per layer, the final norm, one shared RoPE, the
+    # token embedding and the LM head (a VocabParallelEmbedding too).
+    assert set_triton_kernels(model, True) == len(ops) == 2 * 3 + 1 + 1 + 2
     assert all(m.use_triton for m in ops)
     set_triton_kernels(model, False)
     assert not any(m.use_triton for m in ops)
@@ -116,7 +117,13 @@ def test_a_model_through_the_kernels_gives_the_twins_greedy_tokens(smollm2_gguf)
     from pagoda.runtime.entrypoints.llm import LLM
     from pagoda.runtime.sampling_params import SamplingParams
 
-    llm = LLM(dtype="float32", max_model_len=128, hf_overrides={"num_hidden_layers": 2})
+    # Eager: a decode graph would replay the kernels it recorded at load.
+    llm = LLM(
+        dtype="float32",
+        max_model_len=128,
+        hf_overrides={"num_hidden_layers": 2},
+        enforce_eager=True,
+    )
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     twins = llm.generate("The capital of France is", params)[0].outputs[0].token_ids
     set_triton_kernels(llm.engine.engine_core.executor.worker.runner.model, True)
