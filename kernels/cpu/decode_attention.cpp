@@ -384,5 +384,7 @@ void checked_decode_attention(
 void decode_attention(
     at::Tensor out, at::Tensor query, at::Tensor kv_cache, at::Tensor block_table,
     at::Tensor seq_lens, at::Tensor token_index, double scale) {
-  pagoda_cpu::run_op([=]() mutable { checked_decode_attention(out, query, kv_cache, block_table, seq_lens, token_index, scale); });
+  pagoda_cpu::run_op([=]() mutable {
+    checked_decode_attention(out, query, kv_cache, block_table, seq_lens, token_index, scale);
+  });
 }

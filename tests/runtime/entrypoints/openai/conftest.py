@@ -73,15 +73,11 @@ class ServerProcess:
     """One `pagoda serve` on 127.0.0.1; `url` once `start()` returns."""
 
     def __init__(self, tmp: Path, extra_args: list[str] | None = None, env: dict | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / "server.log"
-        self.args = [
-            sys.executable, "-m", "pagoda.runtime.entrypoints.cli", "serve",
-            "--host", "127.0.0.1", "--port", str(self.port), *ENGINE_FLAGS, *(extra_args or []),
-        ]  # fmt: skip
+        self.extra_args = extra_args or []
+        self._pick_port()
         self.env = {**os.environ, "TMPDIR": str(tmp), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.core_pid: int | None = None
@@ -89,7 +85,15 @@ class ServerProcess:
         self.children: list[int] = []
         self.startup_s: float | None = None
 
-    def start(self, timeout: float = 240.0) -> ServerProcess:
+    def _pick_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable, "-m", "pagoda.runtime.entrypoints.cli", "serve",
+            "--host", "127.0.0.1", "--port", str(self.port), *ENGINE_FLAGS, *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 240.0, port_attempts: int = 3) -> ServerProcess:
         start = time.monotonic()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
@@ -97,7 +101,15 @@ class ServerProcess:
         )
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                log = self.log()
+                if "address already in use" in log and port_attempts > 1:
+                    # free_port() only found a port free at that moment: an
+                    # ephemeral port of another socket (a tensor-parallel
+                    # worker's rendezvous) can take it before the server binds.
+                    self._log.close()
+                    self._pick_port()
+                    return self.start(timeout, port_attempts - 1)
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     self.startup_s = time.monotonic() - start
