@@ -122,7 +122,7 @@ class DecodeGraphRunner:
             try:
                 for b in reversed(self.batch_sizes):
                     self.graphs[b] = self._capture_cpu(b)
-            except GraphCheckFailed as exc:
+            except RuntimeError as exc:  # GraphCheckFailed, or a kernel refusing the capture
                 self.graphs.clear()
                 logger.warning("Decode steps run eagerly: %s", exc)
                 return

@@ -1,7 +1,8 @@
 """Decode graphs: capture sizes; on the CPU, replayed C++ kernel calls give
 the eager forward's tokens and log-probabilities bit for bit, padded batches
-included, and a model whose forward issues a torch op the graph cannot
-record is caught by the check and runs eagerly; on a GPU, CUDA graphs give
+included; a model whose forward issues a torch op the graph cannot
+record is caught by the check and runs eagerly, as does one whose capture
+fails; on a GPU, CUDA graphs give
 the eager tokens (that test needs a GPU and runs wherever one is present)."""
 
 import logging
@@ -98,6 +99,25 @@ def test_a_forward_the_graph_cannot_record_runs_eagerly(monkeypatch, caplog):
     assert llm.engine.engine_core.executor.worker.runner.graph_runner is None
     assert "differs from the eager forward" in caplog.text
     assert run(llm) == (eager, 0)
+
+
+@needs_cpu_kernels
+def test_a_capture_that_fails_leaves_the_engine_eager(monkeypatch, caplog):
+    from pagoda.runtime.worker.decode_graph import DecodeGraphRunner
+
+    random_inputs = DecodeGraphRunner._random_inputs
+
+    def bad_slots(self, b, gen):
+        random_inputs(self, b, gen)
+        self.slot_mapping[:b] = 10**9  # the cache write refuses it
+
+    monkeypatch.setattr(DecodeGraphRunner, "_random_inputs", bad_slots)
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.worker.decode_graph"):
+        llm = LLM(dtype="float32", **TINY)
+    assert llm.engine.engine_core.executor.worker.runner.graph_runner is None
+    assert "outside the cache" in caplog.text
+    tokens, replays = run(llm)
+    assert replays == 0 and all(len(t) == 3 + 2 * i for i, (t, _) in enumerate(tokens))
 
 
 @needs_cpu_kernels
