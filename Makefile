@@ -6,7 +6,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch pulls gigabytes of CUDA packages.
 TORCH  ?= torch==2.13.0
-PYTEST_ARGS ?=
+# Tests marked slow (pyproject.toml) run in CI (CI set, e.g. CI=true) and are left out of
+# a local `make test`; `make test PYTEST_ARGS=` runs them all here too.
+PYTEST_ARGS ?= $(if $(CI),,-m "not slow")
 # The repository root holds a folder named operator/ (the package
 # pagoda.operator): Python must never put the working directory on sys.path,
 # or it shadows the stdlib module `operator` (`python -m`/`-c` would).
