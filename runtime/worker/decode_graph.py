@@ -223,7 +223,8 @@ class DecodeGraphRunner:
         self.positions[:n].copy_(positions)
         self.slot_mapping[:n].copy_(meta.slot_mapping)
         self.seq_lens[:n].copy_(meta.seq_lens)
-        self._padding(n, b)
+        if n < b:  # every decode step passes here: no empty fills
+            self._padding(n, b)
         width = meta.block_table.shape[1]
         self.block_table[:n, :width].copy_(meta.block_table)
         graph, hidden = self.graphs[b]
