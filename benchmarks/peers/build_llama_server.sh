@@ -5,9 +5,12 @@
 #
 #   benchmarks/peers/build_llama_server.sh        # prints the binary's path
 #
-# CPU build for x86-64 with AVX-512: GGML_NATIVE=OFF and the instruction sets
-# listed explicitly, because ggml's AMX code dies with an illegal instruction
-# on this CPU's worker threads (AMX stays off). About 15 minutes on 2 cores.
+# CPU build for x86-64: GGML_NATIVE=OFF and the instruction sets this CPU has
+# (read from /proc/cpuinfo) listed explicitly, because ggml's AMX code dies
+# with an illegal instruction on the AVX-512 boxes' worker threads (AMX stays
+# off), and an AVX-512 build dies on an AVX2-only CPU (AMD Zen 2/3). The
+# build is cached per version and instruction sets. About 15 minutes on 2
+# cores.
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -15,7 +18,17 @@ CACHE="${PAGODA_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pagoda-peers}"
 PIP="${PIP:-python -m pip}"
 JOBS="${JOBS:-$(nproc)}"
 SRC="$CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp"
-BUILD="$CACHE/build-$VERSION"
+FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+has() { [[ "$FLAGS" == *" $1 "* ]] && echo ON || echo OFF; }
+ISA=(
+    -DGGML_SSE42="$(has sse4_2)" -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)"
+    -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" -DGGML_BMI2="$(has bmi2)"
+    -DGGML_AVX_VNNI="$(has avx_vnni)"
+    -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512vbmi)"
+    -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)"
+)
+ISA_TAG="$(printf '%s\n' "${ISA[@]}" | sha256sum | cut -c1-8)"
+BUILD="$CACHE/build-$VERSION-$ISA_TAG"
 BIN="$BUILD/bin/llama-server"
 
 if [[ -x "$BIN" ]]; then
@@ -32,9 +45,7 @@ cmake -S "$SRC" -B "$BUILD" -G Ninja \
     -DBUILD_SHARED_LIBS=OFF \
     -DGGML_NATIVE=OFF \
     -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
-    -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON \
-    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+    "${ISA[@]}" \
     -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
     -DGGML_OPENMP=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \

@@ -13,8 +13,10 @@ version, flags, torch version and CPU (`build_directory()`, under
 on a machine pays it (about 25 s on 2 cores); `python -m pagoda.kernels.cpu`
 builds it ahead of time (the Makefile's install step does).
 
-`-march=native` because the build happens where it runs: AVX-512 where the
-CPU has it, without a fat binary. `-ffast-math` lets the compiler vectorize
+`-march=native` because the build happens where it runs, without a fat
+binary: the kernels are written once over the vector type of `vec.h`, 16
+lanes where the CPU has AVX-512 and 8 where it has AVX2 with FMA (AMD Zen
+2/3, Intel before Skylake-SP), and keep scalar loops elsewhere. `-ffast-math` lets the compiler vectorize
 the softmax's exp and the dot products' reductions; the kernel's inputs are
 finite (it starts its running maximum at the lowest finite float, not -inf).
 """
@@ -46,7 +48,7 @@ SOURCES = [
     )
 ]
 # Included by the sources: part of what a build is cached under.
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "graph.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "graph.h", "vec.h")]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
 # thread. The libgomp.so.1 torch already loaded serves the extension (same
@@ -163,8 +165,9 @@ def reshape_and_cache_op() -> Callable | None:
 def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:
     """`(pack_linear_weight(weight), packed_linear(x, packed, out_features,
     bias))` for a torch dtype, or None where the extension cannot be built or
-    this CPU has no kernel for the dtype (float32 needs AVX-512, bfloat16
-    AVX512-BF16)."""
+    this CPU has no kernel for the dtype (both need AVX-512 or AVX2 with FMA;
+    bfloat16 runs as pair dot products on AVX512-BF16 and is widened to
+    float32 elsewhere)."""
     ext = extension()
     if ext is None or not ext.linear_supported(dtype):
         return None

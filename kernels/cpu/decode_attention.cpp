@@ -18,9 +18,6 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <type_traits>
@@ -53,41 +50,17 @@ inline void axpy(float* __restrict y, float a, const scalar_t* __restrict x, int
   for (int64_t i = 0; i < d; ++i) y[i] += a * static_cast<float>(x[i]);
 }
 
-#if defined(__AVX512F__)
-// The AVX-512 path: 16 positions at a time. Each position's K row is
-// multiplied with every query head of its group (D/16 FMAs per head, the
-// products kept as vectors); the 16 partial vectors are then summed across
-// their lanes together (a shuffle tree, 45 instructions for 16 scores, where
-// 16 separate horizontal sums take ~160); the online softmax is one vector
-// per head (softmax_block16, shared with prefill_attention.cpp); V rows are
-// converted once and added into every head of the group. Measured 389 us
-// per layer for the scalar loop at 16 requests x 300 positions in bf16.
-
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-  return pagoda_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// out[k] = sum of v[k]'s 16 lanes, for k < 16.
-inline __m512 lane_sums(const __m512* v) {
-  __m512 w[8];
-  for (int j = 0; j < 8; ++j)
-    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
-                         _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
-  __m512 u[4];
-  for (int j = 0; j < 4; ++j)
-    u[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
+#if defined(PAGODA_VEC)
+// The vector path (vec.h: AVX-512 or AVX2): 16 positions at a time. Each
+// position's K row is multiplied with every query head of its group (D /
+// kLanes FMAs per head, the products kept as vectors); each kLanes of those
+// partial vectors are then summed across their lanes together (lane_sums, a
+// shuffle tree); the online softmax is one block per head (softmax_block16,
+// shared with prefill_attention.cpp); V rows are converted once and added
+// into every head of the group. Measured 389 us per layer for the scalar
+// loop at 16 requests x 300 positions in bf16 (AVX-512).
+using pagoda_cpu::kLanes;
+using pagoda_cpu::vfloat;
 
 // How many 16-position blocks ahead of the one being computed are fetched
 // (1 and 4 measured the same as 2).
@@ -97,11 +70,12 @@ constexpr int64_t kPrefetchBlocks = 2;
 // float. Leaves each head's unnormalized output in acc [heads][D], its score
 // maximum and its sum of exp(score - maximum).
 template <typename scalar_t, int64_t D>
-void decode_request_avx512(const float* q, const scalar_t* k_cache, const scalar_t* v_cache,
-                           const int32_t* table, int64_t begin, int64_t end, int64_t block_size,
-                           int64_t block_stride, int64_t row_stride, int64_t num_kv_heads,
-                           int64_t group, float* acc, float* maxes, float* sums) {
-  constexpr int64_t V = D / 16;
+void decode_request_vec(const float* q, const scalar_t* k_cache, const scalar_t* v_cache,
+                        const int32_t* table, int64_t begin, int64_t end, int64_t block_size,
+                        int64_t block_stride, int64_t row_stride, int64_t num_kv_heads,
+                        int64_t group, float* acc, float* maxes, float* sums) {
+  using namespace pagoda_cpu;
+  constexpr int64_t V = D / kLanes;
   const int64_t heads = num_kv_heads * group;
   std::fill(acc, acc + heads * D, 0.f);
   std::fill(maxes, maxes + heads, kMasked);
@@ -136,36 +110,38 @@ void decode_request_avx512(const float* q, const scalar_t* k_cache, const scalar
     for (int64_t h = 0; h < num_kv_heads; ++h) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t head = h * group + g;
-        __m512 qv[V];
-        for (int64_t i = 0; i < V; ++i) qv[i] = _mm512_loadu_ps(q + head * D + 16 * i);
-        __m512 part[16];
-        for (int64_t k = 0; k < 16; ++k) {
-          if (k >= n) {
-            part[k] = _mm512_setzero_ps();
-            continue;
+        vfloat qv[V];
+        for (int64_t i = 0; i < V; ++i) qv[i] = vload(q + head * D + kLanes * i);
+        for (int64_t k0 = 0; k0 < 16; k0 += kLanes) {
+          vfloat part[kLanes];
+          for (int64_t k = 0; k < kLanes; ++k) {
+            if (k0 + k >= n) {
+              part[k] = vzero();
+              continue;
+            }
+            const scalar_t* kr = krows[k0 + k] + h * D;
+            vfloat a = vmul(qv[0], vload(kr));
+            for (int64_t i = 1; i < V; ++i) a = vfma(qv[i], vload(kr + kLanes * i), a);
+            part[k] = a;
           }
-          const scalar_t* kr = krows[k] + h * D;
-          __m512 a = _mm512_mul_ps(qv[0], load16(kr));
-          for (int64_t i = 1; i < V; ++i) a = _mm512_fmadd_ps(qv[i], load16(kr + 16 * i), a);
-          part[k] = a;
+          vstore(p + k0, lane_sums(part));
         }
-        _mm512_store_ps(p, lane_sums(part));
         float corr;
         softmax_block16(p, n, maxes[head], sums[head], corr);
-        __m512 a[V];
-        const __m512 c = _mm512_set1_ps(corr);
-        for (int64_t i = 0; i < V; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + head * D + 16 * i), c);
+        vfloat a[V];
+        const vfloat c = vset1(corr);
+        for (int64_t i = 0; i < V; ++i) a[i] = vmul(vload(acc + head * D + kLanes * i), c);
         for (int64_t k = 0; k < n; ++k) {
           const scalar_t* vr = vrows[k] + h * D;
-          const __m512 pk = _mm512_set1_ps(p[k]);
-          for (int64_t i = 0; i < V; ++i) a[i] = _mm512_fmadd_ps(pk, load16(vr + 16 * i), a[i]);
+          const vfloat pk = vset1(p[k]);
+          for (int64_t i = 0; i < V; ++i) a[i] = vfma(pk, vload(vr + kLanes * i), a[i]);
         }
-        for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + head * D + 16 * i, a[i]);
+        for (int64_t i = 0; i < V; ++i) vstore(acc + head * D + kLanes * i, a[i]);
       }
     }
   }
 }
-#endif  // __AVX512F__
+#endif  // PAGODA_VEC
 
 // out rows [heads][D] = acc / sum, per head.
 template <typename scalar_t>
@@ -229,7 +205,7 @@ void decode_attention_impl(
   // batch 1 in the engine (94 against 24 us per layer): the strided reads.
   const int64_t rows = num_heads;
   bool vector_path = false;
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
   vector_path = !std::is_same_v<scalar_t, double> && (head_size == 64 || head_size == 128);
 #endif
   const std::vector<int64_t> splits =
@@ -256,10 +232,10 @@ void decode_attention_impl(
         const scalar_t* src = q_base + tok * q_tok_stride + j * q_head_stride;
         for (int64_t i = 0; i < head_size; ++i) q[j * head_size + i] = static_cast<float>(src[i]) * fscale;
       }
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
       if constexpr (!std::is_same_v<scalar_t, double>) {
         if (vector_path) {
-          auto run = head_size == 64 ? decode_request_avx512<scalar_t, 64> : decode_request_avx512<scalar_t, 128>;
+          auto run = head_size == 64 ? decode_request_vec<scalar_t, 64> : decode_request_vec<scalar_t, 128>;
           if (splits[r] == 1) {
             run(q.data(), k_cache, v_cache, table, 0, len, block_size, block_stride, row_stride,
                 num_kv_heads, group, acc.data(), maxes.data(), sums.data());

@@ -167,12 +167,12 @@ inline float silu(float g) {
   return g * ((g < 0.f ? e : 1.f) / (1.f + e));
 }
 
-#if defined(__AVX512F__)
-inline __m512 silu512(__m512 g) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 e = pagoda_cpu::exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-  const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-  return _mm512_mul_ps(g, _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e)));
+#if defined(PAGODA_VEC)
+inline pagoda_cpu::vfloat vsilu(pagoda_cpu::vfloat g) {
+  using namespace pagoda_cpu;
+  const vfloat one = vset1(1.f);
+  const vfloat e = vexp(vsub(vzero(), vabs(g)));
+  return vmul(g, vdiv(vselect_negative(g, e, one), vadd(one, e)));
 }
 #endif
 
@@ -180,25 +180,20 @@ inline __m512 silu512(__m512 g) {
 template <typename scalar_t>
 void silu_and_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64_t d) {
   int64_t i = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    for (; i + 16 <= d; i += 16) {
-      const __m512 s = silu512(_mm512_loadu_ps(gate + i));
-      _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+#if defined(PAGODA_VEC)
+  if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>) {
+    using namespace pagoda_cpu;
+    for (; i + kLanes <= d; i += kLanes) {
+      vfloat s = vsilu(vload(gate + i));
+      if constexpr (!std::is_same_v<scalar_t, float>) {
+        // Rounded to bf16 and back, as the twin's F.silu output is.
+        alignas(64) scalar_t rounded[kLanes];
+        vstore(rounded, s);
+        s = vload(rounded);
+      }
+      vstore(out + i, vmul(s, vload(up + i)));
     }
   }
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    auto load = [](const scalar_t* p) {
-      return pagoda_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    };
-    for (; i + 16 <= d; i += 16) {
-      const __m512 s = _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(silu512(load(gate + i))));
-      const __m256bh o = _mm512_cvtneps_pbh(_mm512_mul_ps(s, load(up + i)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)o);
-    }
-  }
-#endif
 #endif
   for (; i < d; ++i) {
     const scalar_t s = static_cast<scalar_t>(silu(static_cast<float>(gate[i])));

@@ -2,20 +2,24 @@
 // load time, for every number of rows a step brings (issue 13).
 //
 // Why not oneDNN's prepacked linear, which this replaces where the CPU has
-// AVX-512: at the few rows of a decode step the layer is a read of the whole
-// weight, and oneDNN's call read SmolLM2's projections at 25-35 GB/s against
-// this kernel's 45-65 GB/s (1.4-2.3x at 1 row, 1.2-1.5x at 16, measured in
-// docs/benchmarks.md); at 256-512 rows the two are within 5% of each other,
-// so one layout and one kernel serve decode and prefill.
+// AVX-512 or AVX2: at the few rows of a decode step the layer is a read of
+// the whole weight, and oneDNN's call read SmolLM2's projections at 25-35
+// GB/s against this kernel's 45-65 GB/s (1.4-2.3x at 1 row, 1.2-1.5x at 16,
+// measured in docs/benchmarks.md); at 256-512 rows the two are within 5% of
+// each other, so one layout and one kernel serve decode and prefill. And a
+// model whose every op is a kernel of this extension can be replayed as a
+// CPU graph (graph.h); oneDNN's call is a torch op the graph cannot see.
 //
-// The packed layout puts 64 outputs side by side: [ceil(N/64)][K][64] for
-// float32, and for bf16 pairs of K, [ceil(N/64)][ceil(K/2)][64][2], which is
-// what AVX512-BF16's pair dot product (vdpbf16ps) reads. A 64-output panel
-// is then one contiguous run of memory, read in order: four 64-byte lines
-// per K step, feeding four independent accumulators per row. Rows go in
-// tiles of up to 6 (24 accumulators, all in registers); a panel is walked in
-// K blocks of 256 KiB so that it stays in L2 while every row tile reads it.
-// Outputs past N and K past the weight's are zero padding.
+// The packed layout puts a panel of kPanel outputs side by side (four
+// vectors: 64 on AVX-512, two: 16 on AVX2): [ceil(N/kPanel)][K][kPanel],
+// and for bf16 on AVX512-BF16 pairs of K, [ceil(N/kPanel)][ceil(K/2)]
+// [kPanel][2], which is what its pair dot product (vdpbf16ps) reads; bf16
+// elsewhere is widened to float as it is read. A panel is then one
+// contiguous run of memory, read in order: one vector per accumulator per K
+// step. Rows go in tiles of up to 6 (6 x 4 accumulators of AVX-512's 32
+// registers, 6 x 2 of AVX2's 16); a panel is walked in K blocks of 256 KiB
+// so that it stays in L2 while every row tile reads it. Outputs past N and K
+// past the weight's are zero padding.
 //
 // Sums are float32 and rounded once to the output dtype (bias added first),
 // as oneDNN's bf16 linear does; the order of the sum differs, so results
@@ -33,31 +37,41 @@
 
 namespace {
 
-constexpr int64_t kPanel = 64;     // outputs per panel: four 16-float vectors
-constexpr int kTileRows = 6;       // rows per register tile
-constexpr int64_t kChunkRows = 96;  // rows per task (a multiple of kTileRows)
-constexpr int64_t kBlockBytes = 256 * 1024;  // a panel's K block, kept in L2
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
+using pagoda_cpu::kLanes;
+using pagoda_cpu::vfloat;
 
-// One K step of one row: 4 vectors of the panel times the row's value(s).
-struct Float32Step {
-  using T = float;
+constexpr int64_t kPanelVecs = kLanes == 16 ? 4 : 2;  // accumulators per row
+constexpr int64_t kPanel = kPanelVecs * kLanes;      // outputs per panel
+constexpr int kTileRows = 6;       // rows per register tile
+constexpr int64_t kChunkRows = 96;  // rows per task (a multiple of kTileRows)
+// A panel's K block: kept in L2 on AVX-512 (64-wide panels, 256 bytes a K
+// step); on AVX2 (16-wide, one 64-byte line a step) in L1, so that a decode
+// step's few row tiles read each block from memory once, the later tiles
+// from L1.
+constexpr int64_t kBlockBytes = kLanes == 16 ? 256 * 1024 : 16 * 1024;
+// How far ahead (bytes) the AVX2 tile fetches its panel: a block's first
+// tile otherwise waits on memory for every line, then computes.
+constexpr int64_t kPrefetchBytes = kLanes == 16 ? 0 : 16 * 1024;
+
+// One K step of one row: the panel's vectors times the row's value(s).
+// float32, and bf16 where the CPU has no bf16 dot product: one K element
+// per step, the weight widened to float as it is loaded.
+template <typename T_>
+struct WideningStep {
+  using T = T_;
   static constexpr int64_t kPerStep = 1;  // K elements per step
-  static __m512 broadcast(const float* x, int64_t k) { return _mm512_set1_ps(x[k]); }
-  static __m512 broadcast_last(const float* x, int64_t k) { return broadcast(x, k); }
-  static __m512 fma(__m512 acc, __m512 xv, const float* w) {
-    return _mm512_fmadd_ps(xv, _mm512_loadu_ps(w), acc);
-  }
-  static constexpr int64_t kVectorElems = 16;  // panel elements per vector
-  static __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-  static void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+  static vfloat broadcast(const T* x, int64_t k) { return pagoda_cpu::vset1(static_cast<float>(x[k])); }
+  static vfloat broadcast_last(const T* x, int64_t k) { return broadcast(x, k); }
+  static vfloat load(const T* w) { return pagoda_cpu::vload(w); }
+  static vfloat fma(vfloat acc, vfloat xv, vfloat wv) { return pagoda_cpu::vfma(xv, wv, acc); }
+  static constexpr int64_t kVectorElems = kLanes;  // panel elements per vector
 };
 
 #if defined(__AVX512BF16__)
-struct BFloat16Step {
+struct BFloat16PairStep {
   using T = at::BFloat16;
   static constexpr int64_t kPerStep = 2;
   // The pair (x[k], x[k+1]) as one 32-bit lane, low half first.
@@ -73,48 +87,51 @@ struct BFloat16Step {
     std::memcpy(&half, x + k, 2);
     return _mm512_castsi512_ps(_mm512_set1_epi32(half));
   }
-  static __m512 fma(__m512 acc, __m512 xv, const at::BFloat16* w) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(xv),
-                            (__m512bh)_mm512_loadu_si512(w));
+  static __m512 load(const at::BFloat16* w) { return _mm512_castsi512_ps(_mm512_loadu_si512(w)); }
+  static __m512 fma(__m512 acc, __m512 xv, __m512 wv) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(xv), (__m512bh)_mm512_castps_si512(wv));
   }
   static constexpr int64_t kVectorElems = 32;  // 16 outputs x 2 K
-  static __m512 load(const at::BFloat16* p, __mmask16 m) {
-    return pagoda_cpu::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
-  }
-  // Rounded to nearest even, as c10::BFloat16's conversion rounds.
-  static void store(at::BFloat16* p, __m512 v, __mmask16 m) {
-    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-  }
 };
+using BFloat16Step = BFloat16PairStep;
+#else
+using BFloat16Step = WideningStep<at::BFloat16>;
 #endif
+using Float32Step = WideningStep<float>;
 
-// acc[r][0..64) (+)= x[r][k0..k1) . panel; `panel` points at step k0.
+// acc[r][0..kPanel) (+)= x[r][k0..k1) . panel; `panel` points at step k0.
 template <typename Step, int R>
 void tile(const typename Step::T* x, int64_t x_stride, int64_t K, const typename Step::T* panel,
           int64_t k0, int64_t k1, float* acc, bool accumulate) {
   using T = typename Step::T;
-  __m512 c[R][4];
+  vfloat c[R][kPanelVecs];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j)
-      c[r][j] = accumulate ? _mm512_loadu_ps(acc + r * kPanel + j * 16) : _mm512_setzero_ps();
+    for (int j = 0; j < kPanelVecs; ++j)
+      c[r][j] = accumulate ? pagoda_cpu::vload(acc + r * kPanel + j * kLanes) : pagoda_cpu::vzero();
   const T* w = panel;
-  // Whole steps; then, for bf16 and an odd K, the last element alone.
+  // Whole steps; then, for bf16 pairs and an odd K, the last element alone.
   const int64_t whole_end = k1 - (k1 == K ? K % Step::kPerStep : 0);
   int64_t k = k0;
-  for (; k < whole_end; k += Step::kPerStep, w += 4 * Step::kVectorElems) {
+  // The panel's vectors are loaded (and widened) once per step, for every row.
+  for (; k < whole_end; k += Step::kPerStep, w += kPanelVecs * Step::kVectorElems) {
+    if constexpr (kPrefetchBytes > 0) _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T1);
+    vfloat wv[kPanelVecs];
+    for (int j = 0; j < kPanelVecs; ++j) wv[j] = Step::load(w + j * Step::kVectorElems);
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = Step::broadcast(x + r * x_stride, k);
-      for (int j = 0; j < 4; ++j) c[r][j] = Step::fma(c[r][j], xv, w + j * Step::kVectorElems);
+      const vfloat xv = Step::broadcast(x + r * x_stride, k);
+      for (int j = 0; j < kPanelVecs; ++j) c[r][j] = Step::fma(c[r][j], xv, wv[j]);
     }
   }
   if (k < k1) {
+    vfloat wv[kPanelVecs];
+    for (int j = 0; j < kPanelVecs; ++j) wv[j] = Step::load(w + j * Step::kVectorElems);
     for (int r = 0; r < R; ++r) {
-      const __m512 xv = Step::broadcast_last(x + r * x_stride, k);
-      for (int j = 0; j < 4; ++j) c[r][j] = Step::fma(c[r][j], xv, w + j * Step::kVectorElems);
+      const vfloat xv = Step::broadcast_last(x + r * x_stride, k);
+      for (int j = 0; j < kPanelVecs; ++j) c[r][j] = Step::fma(c[r][j], xv, wv[j]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + r * kPanel + j * 16, c[r][j]);
+    for (int j = 0; j < kPanelVecs; ++j) pagoda_cpu::vstore(acc + r * kPanel + j * kLanes, c[r][j]);
 }
 
 template <typename Step>
@@ -131,16 +148,20 @@ void tile_rows(int rows, const typename Step::T* x, int64_t x_stride, int64_t K,
 }
 
 // out[r][n0 + j] = acc[r][j] + bias[n0 + j], rounded once, for j < valid.
-template <typename Step>
-void store_rows(const float* acc, int64_t rows, const typename Step::T* bias, int64_t n0,
-                int64_t valid, typename Step::T* out, int64_t out_stride) {
-  for (int64_t j = 0; j < valid; j += 16) {
-    const __mmask16 m = static_cast<__mmask16>(valid - j >= 16 ? 0xFFFF : (1u << (valid - j)) - 1);
-    const __m512 b = bias != nullptr ? Step::load(bias + n0 + j, m) : _mm512_setzero_ps();
-    for (int64_t r = 0; r < rows; ++r) {
-      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(acc + r * kPanel + j), b);
-      Step::store(out + r * out_stride + n0 + j, v, m);
-    }
+template <typename T>
+void store_rows(const float* acc, int64_t rows, const T* bias, int64_t n0, int64_t valid, T* out,
+                int64_t out_stride) {
+  using namespace pagoda_cpu;
+  int64_t j = 0;
+  for (; j + kLanes <= valid; j += kLanes) {
+    const vfloat b = bias != nullptr ? vload(bias + n0 + j) : vzero();
+    for (int64_t r = 0; r < rows; ++r) vstore(out + r * out_stride + n0 + j, vadd(vload(acc + r * kPanel + j), b));
+  }
+  if (j < valid) {  // the last outputs of a layer whose width is no multiple of a vector
+    const int64_t n = valid - j;
+    const vfloat b = bias != nullptr ? vload_first(bias + n0 + j, n) : vzero();
+    for (int64_t r = 0; r < rows; ++r)
+      vstore_first(out + r * out_stride + n0 + j, vadd(vload(acc + r * kPanel + j), b), n);
   }
 }
 
@@ -162,12 +183,19 @@ void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   T* os = out.data_ptr<T>();
   const int64_t x_stride = x.stride(0), out_stride = out.stride(0);
   const int64_t chunks = ceil_div(M, kChunkRows);
-  // Panel-major tasks: a thread's run of tasks walks its panels once, each
-  // panel against every row chunk while it is in cache.
+  // The task order decides which operand stays in cache while the other
+  // streams past it. Panel-major (a thread's run of tasks walks its panels
+  // once, each against every row chunk) while the weight is the larger, as
+  // in a decode step; chunk-major (each row chunk against every panel) once
+  // the rows are: panel-major, a 4096-row prefill step read its 9 MB of
+  // activations again for every panel (192 times for SmolLM2's gate_up on
+  // AVX2) and ran at 70-100 GFLOP/s against 130-150 at 512 rows.
+  const bool chunk_major = M > N;
   at::parallel_for(0, panels * chunks, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[kChunkRows * kPanel];
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t p = t / chunks, m0 = (t % chunks) * kChunkRows;
+      const int64_t p = chunk_major ? t % panels : t / chunks;
+      const int64_t m0 = (chunk_major ? t / panels : t % chunks) * kChunkRows;
       const int64_t m1 = std::min(M, m0 + kChunkRows);
       const T* panel = ws + p * panel_elems;
       for (int64_t k0 = 0; k0 < K; k0 += block_k) {
@@ -179,26 +207,32 @@ void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
         }
       }
       const int64_t n0 = p * kPanel;
-      store_rows<Step>(acc, m1 - m0, bs, n0, std::min(kPanel, N - n0),
-                    os + m0 * out_stride, out_stride);
+      store_rows<T>(acc, m1 - m0, bs, n0, std::min(kPanel, N - n0), os + m0 * out_stride, out_stride);
     }
   });
 }
 
-#endif  // __AVX512F__
+#else
+constexpr int64_t kPanel = 1;  // unused: no kernel without a vector type
+#endif  // PAGODA_VEC
 
 bool supported(at::ScalarType dtype) {
-#if defined(__AVX512F__)
-  if (dtype == at::kFloat) return true;
-#if defined(__AVX512BF16__)
-  if (dtype == at::kBFloat16) return true;
-#endif
-#endif
+#if defined(PAGODA_VEC)
+  return dtype == at::kFloat || dtype == at::kBFloat16;
+#else
   (void)dtype;
   return false;
+#endif
 }
 
-int64_t per_step(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
+// K elements per step of the packed layout.
+int64_t per_step(at::ScalarType dtype) {
+#if defined(__AVX512BF16__)
+  if (dtype == at::kBFloat16) return 2;
+#endif
+  (void)dtype;
+  return 1;
+}
 
 }  // namespace
 
@@ -238,11 +272,9 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
   if (x.size(0) == 0) return out;
   pagoda_cpu::run_op([=]() mutable {
     const at::Tensor* b = bias.has_value() ? &*bias : nullptr;
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
     if (x.scalar_type() == at::kFloat) linear_rows<Float32Step>(x, packed, b, out);
-#if defined(__AVX512BF16__)
     if (x.scalar_type() == at::kBFloat16) linear_rows<BFloat16Step>(x, packed, b, out);
-#endif
 #endif
     (void)b;
   });

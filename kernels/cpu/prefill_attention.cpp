@@ -19,9 +19,6 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -61,18 +58,21 @@ inline void scores_rows(const float* __restrict q, const float* __restrict kt,
     for (int64_t k = 0; k < kBlock; ++k) s[r * kBlock + k] = acc[r][k];
 }
 
-#if defined(__AVX512F__)
-// The same loops in intrinsics, every accumulator a register (the compiler
-// kept the arrays above in memory: float32 ran at ~100 GFLOP/s, issue 13),
-// for both vector paths. What a step of them does depends on what they
-// read: float32 takes one key (or dimension) per step with FMAs; bf16 a
+#if defined(PAGODA_VEC)
+// The same loops in vectors (vec.h), every accumulator a register (the
+// compiler kept the arrays above in memory: float32 ran at ~100 GFLOP/s,
+// issue 13). What a step of them does depends on what they read: float32
+// takes one key (or dimension) per step with FMAs; bf16 on AVX512-BF16 a
 // pair, packed in a 32-bit word, with vdpbf16ps.
+using pagoda_cpu::kLanes;
+using pagoda_cpu::vfloat;
+
 struct FloatLanes {
   using Word = float;
   static constexpr int64_t kPerWord = 1;
-  static __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-  static __m512 broadcast(const float* p) { return _mm512_set1_ps(*p); }
-  static __m512 fma(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
+  static vfloat load(const float* p) { return pagoda_cpu::vload(p); }
+  static vfloat broadcast(const float* p) { return pagoda_cpu::vset1(*p); }
+  static vfloat fma(vfloat acc, vfloat a, vfloat b) { return pagoda_cpu::vfma(a, b, acc); }
 };
 
 #if defined(__AVX512BF16__)
@@ -89,51 +89,63 @@ struct BFloat16Lanes {
 };
 #endif
 
+// Vectors per row of a block's 16 scores (kBlock words per step of K).
+constexpr int64_t kScoreVecs = kBlock / kLanes;
+// Rows whose scores are computed together: 8 accumulators.
+constexpr int64_t kVecRowBlock = 8 / kScoreVecs;
+
 // s[r][0:16] = q_r . keys, R rows at once (independent accumulators): q rows
 // of D / kPerWord words, K as [D / kPerWord][kBlock] words.
 template <typename L, int64_t D, int64_t R>
 inline void scores_rows_vec(const typename L::Word* __restrict q, const typename L::Word* __restrict kt,
                             float* __restrict s) {
   constexpr int64_t J = D / L::kPerWord;
-  __m512 acc[R];
-  for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  vfloat acc[R][kScoreVecs];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < kScoreVecs; ++i) acc[r][i] = pagoda_cpu::vzero();
   for (int64_t j = 0; j < J; ++j) {
-    const __m512 kv = L::load(kt + j * kBlock);
-    for (int64_t r = 0; r < R; ++r) acc[r] = L::fma(acc[r], L::broadcast(q + r * J + j), kv);
-  }
-  for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBlock, acc[r]);
-}
-
-// acc[r] = acc[r] * corr[r] + sum_k p[r][k] v[k], R rows at once: p rows of
-// kBlock / kPerWord words, V as [steps][D] words.
-template <typename L, int64_t D, int64_t R>
-inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* __restrict p,
-                                const float* __restrict corr, const typename L::Word* __restrict v,
-                                int64_t steps) {
-  constexpr int64_t V = D / 16;
-  constexpr int64_t P = kBlock / L::kPerWord;
-  __m512 a[R][V];
-  for (int64_t r = 0; r < R; ++r) {
-    const __m512 c = _mm512_set1_ps(corr[r]);
-    for (int64_t i = 0; i < V; ++i) a[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), c);
-  }
-  for (int64_t k = 0; k < steps; ++k) {
-    __m512 vv[V];
-    for (int64_t i = 0; i < V; ++i) vv[i] = L::load(v + k * D + 16 * i);
+    vfloat kv[kScoreVecs];
+    for (int64_t i = 0; i < kScoreVecs; ++i) kv[i] = L::load(kt + j * kBlock + i * kLanes);
     for (int64_t r = 0; r < R; ++r) {
-      const __m512 pk = L::broadcast(p + r * P + k);
-      for (int64_t i = 0; i < V; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
+      const vfloat qb = L::broadcast(q + r * J + j);
+      for (int64_t i = 0; i < kScoreVecs; ++i) acc[r][i] = L::fma(acc[r][i], qb, kv[i]);
     }
   }
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, a[r][i]);
+    for (int64_t i = 0; i < kScoreVecs; ++i) pagoda_cpu::vstore(s + r * kBlock + i * kLanes, acc[r][i]);
+}
+
+// acc[r][d0:d0 + DV kLanes] = (the same) * corr[r] + sum_k p[r][k] v[k][...],
+// R rows at once: p rows of kBlock / kPerWord words, V as [steps][D] words.
+template <typename L, int64_t D, int64_t R, int64_t DV>
+inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* __restrict p,
+                                const float* __restrict corr, const typename L::Word* __restrict v,
+                                int64_t steps, int64_t d0) {
+  constexpr int64_t P = kBlock / L::kPerWord;
+  vfloat a[R][DV];
+  for (int64_t r = 0; r < R; ++r) {
+    const vfloat c = pagoda_cpu::vset1(corr[r]);
+    for (int64_t i = 0; i < DV; ++i)
+      a[r][i] = pagoda_cpu::vmul(pagoda_cpu::vload(acc + r * D + d0 + kLanes * i), c);
+  }
+  for (int64_t k = 0; k < steps; ++k) {
+    vfloat vv[DV];
+    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v + k * D + d0 + kLanes * i);
+    for (int64_t r = 0; r < R; ++r) {
+      const vfloat pk = L::broadcast(p + r * P + k);
+      for (int64_t i = 0; i < DV; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < DV; ++i) pagoda_cpu::vstore(acc + r * D + d0 + kLanes * i, a[r][i]);
 }
 
 template <typename L, int64_t D>
 inline void scores_vec(const typename L::Word* q, const typename L::Word* kt, float* s, int64_t rows) {
   constexpr int64_t J = D / L::kPerWord;
   int64_t r = 0;
-  for (; r + kRowBlock <= rows; r += kRowBlock) scores_rows_vec<L, D, kRowBlock>(q + r * J, kt, s + r * kBlock);
+  for (; r + kVecRowBlock <= rows; r += kVecRowBlock)
+    scores_rows_vec<L, D, kVecRowBlock>(q + r * J, kt, s + r * kBlock);
   for (; r < rows; ++r) scores_rows_vec<L, D, 1>(q + r * J, kt, s + r * kBlock);
 }
 
@@ -141,17 +153,23 @@ template <typename L, int64_t D>
 inline void accumulate_vec(float* acc, const typename L::Word* p, const float* corr,
                            const typename L::Word* v, int64_t rows, int64_t steps) {
   constexpr int64_t P = kBlock / L::kPerWord;
-  constexpr int64_t RA = D <= 64 ? 4 : 2;  // rows x D/16 accumulators in registers
-  int64_t r = 0;
-  for (; r + RA <= rows; r += RA)
-    accumulate_rows_vec<L, D, RA>(acc + r * D, p + r * P, corr + r, v, steps);
-  for (; r < rows; ++r) accumulate_rows_vec<L, D, 1>(acc + r * D, p + r * P, corr + r, v, steps);
+  // Rows x DV accumulators in registers: AVX-512 (32 registers) takes a
+  // whole row of D in 16, AVX2 (16 registers) a quarter or half of one in 8.
+  constexpr int64_t V = D / kLanes;
+  constexpr int64_t DV = kLanes == 16 ? V : 4;
+  constexpr int64_t RA = (kLanes == 16 ? 16 : 8) / DV;
+  for (int64_t d0 = 0; d0 < D; d0 += DV * kLanes) {
+    int64_t r = 0;
+    for (; r + RA <= rows; r += RA)
+      accumulate_rows_vec<L, D, RA, DV>(acc + r * D, p + r * P, corr + r, v, steps, d0);
+    for (; r < rows; ++r) accumulate_rows_vec<L, D, 1, DV>(acc + r * D, p + r * P, corr + r, v, steps, d0);
+  }
 }
 #endif
 
 template <int64_t D>
 inline void scores(const float* q, const float* kt, float* s, int64_t rows) {
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
   scores_vec<FloatLanes, D>(q, kt, s, rows);
   return;
 #endif
@@ -183,7 +201,7 @@ inline void accumulate_rows(float* __restrict acc, const float* __restrict p,
 template <int64_t D>
 inline void accumulate(float* acc, const float* p, const float* corr, const float* v,
                        int64_t rows, int64_t keys) {
-#if defined(__AVX512F__)
+#if defined(PAGODA_VEC)
   accumulate_vec<FloatLanes, D>(acc, p, corr, v, rows, keys);
   return;
 #endif

@@ -6,9 +6,12 @@ time. Packing once at load time is what inductor's weight freezing does.
 Two kernels read a packed weight:
 
 - `pagoda` (`kernels/cpu/linear.cpp`), where the C++ extension builds and
-  the CPU has AVX-512 (float32) or AVX512-BF16 (bf16): at the 1-16 rows of a
-  decode step it reads the weight 1.2-2.2x faster than oneDNN's call, and at
-  256-512 rows it is within 10% of it (docs/benchmarks.md).
+  the CPU has AVX-512 or AVX2 with FMA (float32 and bf16; bf16 as pair dot
+  products on AVX512-BF16, widened to float32 elsewhere): at the 1-16 rows of
+  a decode step it reads the weight 1.2-2.2x faster than oneDNN's call, and
+  at 256-512 rows it is within 10% of it (docs/benchmarks.md). A model whose
+  linears all run here can be replayed as a CPU graph; oneDNN's are torch
+  ops the graph cannot record.
 - `onednn` (`torch.ops.mkldnn`'s prepacked linear) everywhere else torch
   has oneDNN: measured against `F.linear` on SmolLM2's 120 projections, bf16
   28.8 -> 13.3 ms at 1 token, float32 1821 -> 776 ms at 512 tokens.

@@ -74,11 +74,19 @@ class ModelRunner:
         # Graphs of decode steps (worker/decode_graph.py). CUDA: they need
         # kernels that never sync with the host, the Triton backend's; the
         # torch backend decides its work from host tensors. CPU: every op of
-        # the forward must be a C++ kernel (so one process: a tensor-parallel
-        # all-reduce is not one).
+        # the forward must be a C++ kernel: the torch backend on them (the
+        # Triton backend's interpreter is Python), pagoda's packed linears (not
+        # oneDNN's), and one process (a tensor-parallel all-reduce is not one).
         self.use_graphs = not runner.enforce_eager and (
             (device.type == "cuda" and self.backend.name == "triton")
-            or (device.type == "cpu" and self.use_cpu_kernels and tp.world_size == 1)
+            or (
+                device.type == "cpu"
+                and self.use_cpu_kernels
+                and self.backend.name == "torch"
+                and self.use_packed_weights
+                and cpu_kernels.linear_ops(self.dtype) is not None
+                and tp.world_size == 1
+            )
         )
         self.graph_sizes = runner.cuda_graph_sizes or default_capture_sizes(
             self.scheduler_config.max_num_seqs, device.type

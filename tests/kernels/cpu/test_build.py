@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from pagoda.kernels.cpu import build_directory
+import torch
+from pagoda.kernels.cpu import build, build_directory
 
 BUILD = [sys.executable, "-m", "pagoda.kernels.cpu"]
 
@@ -39,3 +41,23 @@ def test_build_directory_follows_sources_and_cache_root(tmp_path, monkeypatch):
     folder = build_directory()
     assert folder.parent == tmp_path and folder.name.startswith("cpu-")
     assert build_directory() == folder  # stable for the same sources, flags, torch, CPU
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_a_vector_cpu_gets_the_packed_linears():
+    """AVX-512, or AVX2 with FMA and F16C (AMD Zen 2/3 has no AVX-512), runs
+    the packed linears in both dtypes: without them the model's linears fall
+    back to oneDNN, which a CPU graph cannot replay."""
+    flags = _cpu_flags()
+    vector = "avx512f" in flags or {"avx2", "fma", "f16c"} <= flags
+    if not vector:
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
+    ext = build()
+    assert ext.linear_supported(torch.float32)
+    assert ext.linear_supported(torch.bfloat16)

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from pagoda.kernels.cpu import extension
+from pagoda.kernels.cpu import extension, linear_ops
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.models import llama
 from pagoda.runtime.worker.decode_graph import CPU_MAX_CAPTURE_SIZE, default_capture_sizes
@@ -17,6 +17,14 @@ from pagoda.runtime.worker.decode_graph import CPU_MAX_CAPTURE_SIZE, default_cap
 needs_cpu_kernels = pytest.mark.skipif(
     extension() is None, reason="the C++ CPU kernels do not build"
 )
+
+
+def needs_cpu_graphs(dtype: str):
+    """A CPU graph needs every linear in pagoda's kernel (AVX-512, or AVX2 with FMA)."""
+    return pytest.mark.skipif(
+        linear_ops(getattr(torch, dtype)) is None,
+        reason=f"no pagoda packed linear for {dtype} on this CPU: linears run in oneDNN",
+    )
 
 TINY = dict(
     model="smollm2-135m",
@@ -73,7 +81,9 @@ def params(i: int) -> SamplingParams:
 
 
 @needs_cpu_kernels
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(d, marks=needs_cpu_graphs(d)) for d in ("float32", "bfloat16")]
+)
 def test_cpu_graphs_give_the_eager_tokens_and_logprobs(dtype):
     eager, none = run(LLM(dtype=dtype, enforce_eager=True, **TINY))
     assert none == 0
@@ -86,6 +96,7 @@ def test_cpu_graphs_give_the_eager_tokens_and_logprobs(dtype):
 
 
 @needs_cpu_kernels
+@needs_cpu_graphs("float32")
 def test_a_forward_the_graph_cannot_record_runs_eagerly(monkeypatch, caplog):
     eager, _ = run(LLM(dtype="float32", enforce_eager=True, **TINY))
     forward = llama.LlamaMLP.forward
@@ -102,6 +113,7 @@ def test_a_forward_the_graph_cannot_record_runs_eagerly(monkeypatch, caplog):
 
 
 @needs_cpu_kernels
+@needs_cpu_graphs("float32")
 def test_a_capture_that_fails_leaves_the_engine_eager(monkeypatch, caplog):
     from pagoda.runtime.worker.decode_graph import DecodeGraphRunner
 
@@ -121,6 +133,7 @@ def test_a_capture_that_fails_leaves_the_engine_eager(monkeypatch, caplog):
 
 
 @needs_cpu_kernels
+@needs_cpu_graphs("bfloat16")
 @pytest.mark.model
 def test_cpu_graphs_give_smollm2s_eager_tokens(prompts):
     sampling = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -128,6 +141,22 @@ def test_cpu_graphs_give_smollm2s_eager_tokens(prompts):
     eager = LLM(enforce_eager=True, **options).generate(prompts, sampling)
     graphs = LLM(**options).generate(prompts, sampling)
     assert [o.outputs[0].token_ids for o in graphs] == [o.outputs[0].token_ids for o in eager]
+
+
+def test_no_cpu_graph_where_a_forward_op_is_not_a_cpu_kernel(monkeypatch):
+    """The Triton backend (its interpreter is Python) and oneDNN's linears are
+    ops a CPU graph cannot record: the engine starts eager without trying."""
+    from pagoda.runtime.worker.decode_graph import DecodeGraphRunner
+
+    def never(self):
+        raise AssertionError("a CPU graph was captured")
+
+    monkeypatch.setattr(DecodeGraphRunner, "capture", never)
+    llm = LLM(dtype="float32", attention_backend="triton", **TINY)
+    assert llm.engine.engine_core.executor.worker.runner.graph_runner is None
+    monkeypatch.setattr("pagoda.kernels.cpu.linear_ops", lambda dtype: None)
+    llm = LLM(dtype="float32", **TINY)
+    assert llm.engine.engine_core.executor.worker.runner.graph_runner is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
