@@ -26,6 +26,7 @@ def needs_cpu_graphs(dtype: str):
         reason=f"no pagoda packed linear for {dtype} on this CPU: linears run in oneDNN",
     )
 
+
 TINY = dict(
     model="smollm2-135m",
     random_weights=True,
