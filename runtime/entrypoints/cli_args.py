@@ -27,7 +27,8 @@ _HELP = {
     "dtype": "weights and activations dtype; auto = bfloat16 on CUDA and bf16-capable CPUs",
     "max_model_len": "longest prompt + output (default: the model's)",
     "max_num_seqs": "most requests in one step",
-    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes); "
+    "default 2048 on the CPU, 4096 on CUDA",
     "kv_cache_memory_gib": "CPU: GiB for the KV cache",
     "gpu_memory_utilization": "CUDA: fraction of device memory for weights + KV cache",
     "num_kv_blocks": "fix the number of KV blocks (overrides the memory budget)",
