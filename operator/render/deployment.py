@@ -151,7 +151,7 @@ def engine_threads(llms: LLMService) -> int | None:
     """torch threads of a CPU pod's engine core: its CPU request, in whole cores.
 
     Inside a pod the runtime sees every core of the node (no CPU limit, no
-    static CPU manager), so its own default (all but one) would start 63
+    static CPU manager), so its own default (every core) would start 64
     threads on a 64-core node for a pod that asked for 8, and OpenMP threads
     without a core stall every step. On cores of its own, the engine is
     fastest with one thread per core (docs/benchmarks.md, issue 13). GPU

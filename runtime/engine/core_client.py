@@ -59,13 +59,16 @@ class EngineStartupError(RuntimeError):
 
 def default_core_threads(num_cpus: int) -> int:
     """torch threads for a CPU EngineCore that shares the machine with its
-    API server: every core but one. The API process (HTTP, detokenizing,
-    streaming) is busy while the core steps, and an OpenMP thread that loses
-    its core to it stalls every parallel region at its barrier: on 2 cores,
-    2 engine threads measured 4.8x slower than 1 under serving load, and
-    5.6x slower offline (bf16, batch 1) with other work on the machine
-    (issue 13)."""
-    return max(1, num_cpus - 1)
+    API server: every core it may run on, as llama-server takes.
+
+    The API process needs little CPU (1.2 ms per streamed token at
+    concurrency 1, 3% of a core), and since the forward became C++ kernels
+    replayed from a graph, giving it a core of its own costs far more than
+    it saves: on 2 cores, 2 engine threads against 1 measured 73 against 43
+    output tok/s at concurrency 16 and 36 against 54 ms TPOT at
+    concurrency 1 (docs/benchmarks.md). (On the old eager path, with
+    hundreds of short torch ops per step, 1 thread had won.)"""
+    return max(1, num_cpus)
 
 
 class EngineCoreClient:

@@ -45,7 +45,7 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "num-threads",
         int,
         None,
-        "torch CPU threads of the engine core (default on the CPU: all cores but one)",
+        "torch CPU threads of the engine core (default on the CPU: every core)",
     ),
     (
         "lora-adapters-file",
