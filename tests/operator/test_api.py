@@ -210,8 +210,12 @@ async def test_the_operator_works_behind_chunked_responses(
             "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": True}}],
         }
         await create(cluster, slice_)
-        await eventually(lambda: condition(cluster, "chat", "Ready")["status"] == "True")
-        assert obj(cluster, LLMS, "chat")["status"]["readyReplicas"] == 1
+        # The slice and the Deployment's status reach the operator by separate watches,
+        # so the Ready condition may land one sync before the replica count does.
+        await eventually(
+            lambda: condition(cluster, "chat", "Ready")["status"] == "True"
+            and obj(cluster, LLMS, "chat")["status"]["readyReplicas"] == 1
+        )
         # Pod lists arrive whole too: a crash loop is seen.
         template = obj(cluster, DEPLOYMENTS, "chat")["spec"]["template"]
         crashing = {
