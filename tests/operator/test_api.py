@@ -213,8 +213,10 @@ async def test_the_operator_works_behind_chunked_responses(
         # The slice and the Deployment's status reach the operator by separate watches,
         # so the Ready condition may land one sync before the replica count does.
         await eventually(
-            lambda: condition(cluster, "chat", "Ready")["status"] == "True"
-            and obj(cluster, LLMS, "chat")["status"]["readyReplicas"] == 1
+            lambda: (
+                condition(cluster, "chat", "Ready")["status"] == "True"
+                and obj(cluster, LLMS, "chat")["status"]["readyReplicas"] == 1
+            )
         )
         # Pod lists arrive whole too: a crash loop is seen.
         template = obj(cluster, DEPLOYMENTS, "chat")["spec"]["template"]
