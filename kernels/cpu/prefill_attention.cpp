@@ -91,8 +91,11 @@ struct BFloat16Lanes {
 
 // Vectors per row of a block's 16 scores (kBlock words per step of K).
 constexpr int64_t kScoreVecs = kBlock / kLanes;
-// Rows whose scores are computed together: 8 accumulators.
-constexpr int64_t kVecRowBlock = 8 / kScoreVecs;
+// Rows whose scores are computed together: 8 accumulators on AVX-512; 12
+// on AVX2 (6 rows x 2 vectors, the 16 registers' most with the key vectors
+// and a broadcast), since two FMA units of 4-cycle latency need 8 chains
+// in flight and had exactly 8.
+constexpr int64_t kVecRowBlock = kLanes == 16 ? 8 / kScoreVecs : 6;
 
 // s[r][0:16] = q_r . keys, R rows at once (independent accumulators): q rows
 // of D / kPerWord words, K as [D / kPerWord][kBlock] words.
@@ -154,10 +157,13 @@ inline void accumulate_vec(float* acc, const typename L::Word* p, const float* c
                            const typename L::Word* v, int64_t rows, int64_t steps) {
   constexpr int64_t P = kBlock / L::kPerWord;
   // Rows x DV accumulators in registers: AVX-512 (32 registers) takes a
-  // whole row of D in 16, AVX2 (16 registers) a quarter or half of one in 8.
+  // whole row of D in 16; AVX2 (16 registers) two vectors of 6 rows in 12,
+  // 2 V loads and 6 broadcasts per 12 FMAs, the linear kernel's tile (4 x 2
+  // rows, 8 accumulators, left the two FMA units short of independent
+  // chains: 59-76 against 90-94 GFLOP/s in bench_cpu_attention.py).
   constexpr int64_t V = D / kLanes;
-  constexpr int64_t DV = kLanes == 16 ? V : 4;
-  constexpr int64_t RA = (kLanes == 16 ? 16 : 8) / DV;
+  constexpr int64_t DV = kLanes == 16 ? V : 2;
+  constexpr int64_t RA = (kLanes == 16 ? 16 : 12) / DV;
   for (int64_t d0 = 0; d0 < D; d0 += DV * kLanes) {
     int64_t r = 0;
     for (; r + RA <= rows; r += RA)
