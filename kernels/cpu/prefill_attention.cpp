@@ -91,10 +91,10 @@ struct BFloat16Lanes {
 
 // Vectors per row of a block's 16 scores (kBlock words per step of K).
 constexpr int64_t kScoreVecs = kBlock / kLanes;
-// Rows whose scores are computed together: 8 accumulators on AVX-512; 12
-// on AVX2 (6 rows x 2 vectors, the 16 registers' most with the key vectors
-// and a broadcast), since two FMA units of 4-cycle latency need 8 chains
-// in flight and had exactly 8.
+// Rows whose scores are computed together: 8 accumulators on AVX-512; on
+// AVX2 6 rows x 2 vectors, 12 accumulators (with the 2 key vectors and a
+// broadcast, 15 of its 16 registers): two FMA units of 4-cycle latency
+// need 8 independent chains in flight, and 8 left no slack.
 constexpr int64_t kVecRowBlock = kLanes == 16 ? 8 / kScoreVecs : 6;
 
 // s[r][0:16] = q_r . keys, R rows at once (independent accumulators): q rows
@@ -158,9 +158,9 @@ inline void accumulate_vec(float* acc, const typename L::Word* p, const float* c
   constexpr int64_t P = kBlock / L::kPerWord;
   // Rows x DV accumulators in registers: AVX-512 (32 registers) takes a
   // whole row of D in 16; AVX2 (16 registers) two vectors of 6 rows in 12,
-  // 2 V loads and 6 broadcasts per 12 FMAs, the linear kernel's tile (4 x 2
-  // rows, 8 accumulators, left the two FMA units short of independent
-  // chains: 59-76 against 90-94 GFLOP/s in bench_cpu_attention.py).
+  // 2 V loads and 6 broadcasts per 12 FMAs, the linear kernel's tile (the
+  // previous 2 rows x 4 vectors, 8 accumulators, with 6 rows x 2 for the
+  // scores: 59-76 against 90-94 GFLOP/s in bench_cpu_attention.py).
   constexpr int64_t V = D / kLanes;
   constexpr int64_t DV = kLanes == 16 ? V : 2;
   constexpr int64_t RA = (kLanes == 16 ? 16 : 12) / DV;
