@@ -60,7 +60,8 @@ def paged_attention(
     the paged KV cache (the cache already holds this step's K/V).
 
     query [num_tokens, num_heads, head_size] (num_tokens == query_start_loc[-1]);
-    kv_cache [2, num_blocks, block_size, num_kv_heads, head_size], same dtype;
+    kv_cache [2, num_blocks, block_size, num_kv_heads, head_size] in the
+    query's dtype or another (kv_cache_dtype: K/V are converted on load);
     block_table int32 [num_reqs, max_blocks]; seq_lens int32 [num_reqs] (context
     including this step); query_start_loc int32 [num_reqs + 1]. `max_query_len`
     and `max_seq_len` are host integers for launch decisions; `num_splits`

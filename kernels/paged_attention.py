@@ -169,6 +169,10 @@ def _paged_attention_kernel(
             mask=pos_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
+        # A cache in another dtype than the query's (kv_cache_dtype) is
+        # converted here, in registers: the dot takes one dtype.
+        k = k.to(q.dtype)
+        v = v.to(q_ptr.dtype.element_ty)
         if DOT_F32:
             s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
         else:
@@ -181,8 +185,8 @@ def _paged_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        # P is rounded to the cache dtype before the PV product, as FA2 does,
-        # so the tensor cores see 16-bit operands.
+        # P is rounded to the model's dtype before the PV product, as FA2
+        # does, so the tensor cores see 16-bit operands.
         p = p.to(v.dtype)
         if DOT_F32:
             pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -306,7 +310,6 @@ def paged_attention_triton(
     num_tokens, num_heads, head_size = query.shape
     _, _, block_size, num_kv_heads, cache_head_size = kv_cache.shape
     assert cache_head_size == head_size and num_heads % num_kv_heads == 0
-    assert query.dtype == kv_cache.dtype, "query and KV cache must share a dtype"
     assert query.stride(-1) == 1 and kv_cache.stride(-1) == 1
     num_reqs = seq_lens.shape[0]
     if out is None:

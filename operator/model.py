@@ -241,6 +241,11 @@ class EngineSpec(Model):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weight and activation dtype."
     )
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="KV cache dtype (runtime default: auto, the model's). float16 or "
+        "bfloat16 under float32 weights halve the cache's memory per token.",
+    )
     enable_prefix_caching: bool | None = Field(
         None, description="Reuse KV blocks of shared prompt prefixes (runtime default: on)."
     )

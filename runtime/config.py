@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING
 from pagoda.runtime.sampling_params import InvalidRequestError
 
 if TYPE_CHECKING:
+    import torch
     from pagoda.runtime.model_config import ModelConfig
     from pagoda.runtime.models.arch_config import ModelArchConfig
     from pagoda.runtime.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The KV cache's dtype; auto is the model's. A 16-bit cache under a float32
+# model (llama.cpp's default, f16) halves what decode attention reads and
+# doubles the tokens a memory budget holds.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # Prefix-cache block keys: sha256 resists crafted collisions (vLLM's default
 # since CVE-2025-25183); builtin (Python's hash) is faster and only for
@@ -34,6 +39,16 @@ class CacheConfig:
     # Fixes the number of blocks, bypassing the memory budget (tests, tuning).
     num_kv_blocks: int | None = None
     prefix_caching_hash_algo: str = "sha256"
+    # One of KV_CACHE_DTYPES; `kv_cache_dtype` resolves it.
+    cache_dtype: str = "auto"
+
+    def kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype the KV cache is allocated in: the model's under auto."""
+        if self.cache_dtype == "auto":
+            return model_dtype
+        import torch
+
+        return getattr(torch, self.cache_dtype)
 
 
 # A step's token budget by device type when the user gives none.
@@ -117,6 +132,8 @@ class EngineArgs:
     # 18% against 2048 (docs/benchmarks.md; vLLM's CPU server default too).
     max_num_batched_tokens: int | None = None
     block_size: int = 16
+    # auto: the model's dtype (see KV_CACHE_DTYPES).
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     gpu_memory_utilization: float = 0.9
@@ -175,6 +192,11 @@ class EngineArgs:
 
         check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}",
+        )
+        check(
             self.attention_backend in ATTENTION_BACKENDS,
             "attention_backend",
             f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
@@ -232,6 +254,7 @@ class EngineArgs:
             kv_cache_memory_gib=self.kv_cache_memory_gib,
             num_kv_blocks=self.num_kv_blocks,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            cache_dtype=self.kv_cache_dtype,
         )
 
     def scheduler_config(self, max_model_len: int, device_type: str) -> SchedulerConfig:

@@ -1,15 +1,37 @@
 // The paged KV cache's write on the CPU: this step's K and V rows copied to
 // their slots, one call per layer where the torch path takes six ops (two
 // index_copy_ and the views around them), the CPU twin of
-// pagoda/kernels/cache_write.py.
+// pagoda/kernels/cache_write.py. A cache in another dtype than the model's
+// (kv_cache_dtype) gets each row converted, rounded to nearest even.
 
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <type_traits>
 
+#include "cpu_common.h"
 #include "graph.h"
 
 namespace {
+
+template <typename src_t, typename dst_t>
+void copy_rows(const char* k, const char* v, int64_t k_stride, int64_t v_stride, char* k_cache,
+               char* v_cache, const int64_t* slots, int64_t tokens, int64_t row) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;  // padding
+    const src_t* ks = reinterpret_cast<const src_t*>(k + t * k_stride);
+    const src_t* vs = reinterpret_cast<const src_t*>(v + t * v_stride);
+    dst_t* kd = reinterpret_cast<dst_t*>(k_cache) + slots[t] * row;
+    dst_t* vd = reinterpret_cast<dst_t*>(v_cache) + slots[t] * row;
+    if constexpr (std::is_same_v<src_t, dst_t>) {
+      std::memcpy(kd, ks, row * sizeof(dst_t));
+      std::memcpy(vd, vs, row * sizeof(dst_t));
+    } else {
+      for (int64_t i = 0; i < row; ++i) kd[i] = static_cast<dst_t>(static_cast<float>(ks[i]));
+      for (int64_t i = 0; i < row; ++i) vd[i] = static_cast<dst_t>(static_cast<float>(vs[i]));
+    }
+  }
+}
 
 void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
                        at::Tensor slot_mapping) {
@@ -22,8 +44,8 @@ void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
     TORCH_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(1) == heads &&
                     t->size(2) == head_size && t->stride(2) == 1 && t->stride(1) == head_size,
                 "key/value must be [tokens, kv_heads, head_size] with each token's heads contiguous");
-    TORCH_CHECK(t->scalar_type() == kv_cache.scalar_type(), "key/value dtype must be kv_cache's");
   }
+  TORCH_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.numel() >= tokens &&
                   slot_mapping.scalar_type() == at::kLong,
               "slot_mapping must be int64 with a slot per token");
@@ -34,18 +56,18 @@ void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
   for (int64_t t = 0; t < tokens; ++t) {
     TORCH_CHECK(slots[t] < capacity, "slot ", slots[t], " outside the cache (", capacity, " slots)");
   }
-  const int64_t bytes = row * static_cast<int64_t>(kv_cache.element_size());
   char* k_cache = static_cast<char*>(kv_cache.data_ptr());
-  char* v_cache = k_cache + capacity * bytes;
+  char* v_cache = k_cache + capacity * row * static_cast<int64_t>(kv_cache.element_size());
   const char* k = static_cast<const char*>(key.data_ptr());
   const char* v = static_cast<const char*>(value.data_ptr());
-  const int64_t k_stride = key.stride(0) * kv_cache.element_size();
-  const int64_t v_stride = value.stride(0) * kv_cache.element_size();
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (slots[t] < 0) continue;  // padding
-    std::memcpy(k_cache + slots[t] * bytes, k + t * k_stride, bytes);
-    std::memcpy(v_cache + slots[t] * bytes, v + t * v_stride, bytes);
-  }
+  const int64_t k_stride = key.stride(0) * key.element_size();
+  const int64_t v_stride = value.stride(0) * value.element_size();
+  pagoda_cpu::dispatch_kv_type(key.scalar_type(), "key/value", [&](auto src) {
+    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto dst) {
+      copy_rows<decltype(src), decltype(dst)>(k, v, k_stride, v_stride, k_cache, v_cache, slots,
+                                              tokens, row);
+    });
+  });
 }
 
 }  // namespace

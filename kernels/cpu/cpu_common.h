@@ -3,6 +3,9 @@
 // vector type, vec.h).
 #pragma once
 
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +17,26 @@
 #include "vec.h"
 
 namespace pagoda_cpu {
+
+// Calls f(T{}) with T the C++ type of `dtype`, one of the dtypes the
+// attention kernels read and write (a KV cache may differ from the model's:
+// kv_cache_dtype); anything else fails naming `what`.
+template <typename F>
+void dispatch_kv_type(c10::ScalarType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      f(float{});
+      return;
+    case c10::ScalarType::BFloat16:
+      f(c10::BFloat16{});
+      return;
+    case c10::ScalarType::Half:
+      f(c10::Half{});
+      return;
+    default:
+      TORCH_CHECK(false, what, " dtype must be float32, bfloat16 or float16, got ", dtype);
+  }
+}
 
 // Flush denormals to zero while the kernel runs on this thread: a peaked
 // softmax underflows exp() into denormals, and arithmetic on them is many

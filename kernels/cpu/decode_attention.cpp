@@ -10,7 +10,8 @@
 // The query heads that share a KV head (GQA) are computed together, so each
 // K/V row is read once.
 // Scores and the softmax are float32 whatever the cache dtype, as in the
-// torch path.
+// torch path. The cache may be in another dtype than the query
+// (kv_cache_dtype): each K/V row is widened to float as it is read.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,7 +21,6 @@
 #endif
 
 #include <algorithm>
-#include <type_traits>
 
 #include <cmath>
 #include <limits>
@@ -170,7 +170,7 @@ std::vector<int64_t> kv_splits(const int32_t* lens, int64_t num_reqs, int64_t th
   return splits;
 }
 
-template <typename scalar_t>
+template <typename scalar_t, typename cache_t>
 void decode_attention_impl(
     at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
     const at::Tensor& block_table, const at::Tensor& seq_lens,
@@ -184,8 +184,8 @@ void decode_attention_impl(
 
   const scalar_t* q_base = query.data_ptr<scalar_t>();
   scalar_t* o_base = out.data_ptr<scalar_t>();
-  const scalar_t* k_cache = kv_cache[0].data_ptr<scalar_t>();
-  const scalar_t* v_cache = kv_cache[1].data_ptr<scalar_t>();
+  const cache_t* k_cache = kv_cache[0].data_ptr<cache_t>();
+  const cache_t* v_cache = kv_cache[1].data_ptr<cache_t>();
   const int32_t* tables = block_table.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* tokens = token_index.data_ptr<int64_t>();
@@ -206,7 +206,7 @@ void decode_attention_impl(
   const int64_t rows = num_heads;
   bool vector_path = false;
 #if defined(PAGODA_VEC)
-  vector_path = !std::is_same_v<scalar_t, double> && (head_size == 64 || head_size == 128);
+  vector_path = head_size == 64 || head_size == 128;
 #endif
   const std::vector<int64_t> splits =
       vector_path ? kv_splits(lens, num_reqs, at::get_num_threads()) : std::vector<int64_t>(num_reqs, 1);
@@ -233,9 +233,9 @@ void decode_attention_impl(
         for (int64_t i = 0; i < head_size; ++i) q[j * head_size + i] = static_cast<float>(src[i]) * fscale;
       }
 #if defined(PAGODA_VEC)
-      if constexpr (!std::is_same_v<scalar_t, double>) {
+      {
         if (vector_path) {
-          auto run = head_size == 64 ? decode_request_vec<scalar_t, 64> : decode_request_vec<scalar_t, 128>;
+          auto run = head_size == 64 ? decode_request_vec<cache_t, 64> : decode_request_vec<cache_t, 128>;
           if (splits[r] == 1) {
             run(q.data(), k_cache, v_cache, table, 0, len, block_size, block_stride, row_stride,
                 num_kv_heads, group, acc.data(), maxes.data(), sums.data());
@@ -257,7 +257,7 @@ void decode_attention_impl(
       logits.resize(rows * len);
       std::fill(maxes.begin(), maxes.end(), std::numeric_limits<float>::lowest());
       for (int64_t pos = 0; pos < len; ++pos) {
-        const scalar_t* k = k_cache + table[pos / block_size] * block_stride +
+        const cache_t* k = k_cache + table[pos / block_size] * block_stride +
                             (pos % block_size) * row_stride;
         for (int64_t j = 0; j < rows; ++j) {
           const float s = dot(q.data() + j * head_size, k + (j / group) * head_size, head_size);
@@ -276,7 +276,7 @@ void decode_attention_impl(
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t pos = 0; pos < len; ++pos) {
-        const scalar_t* v = v_cache + table[pos / block_size] * block_stride +
+        const cache_t* v = v_cache + table[pos / block_size] * block_stride +
                             (pos % block_size) * row_stride;
         for (int64_t j = 0; j < rows; ++j) {
           axpy(acc.data() + j * head_size, logits[j * len + pos], v + (j / group) * head_size, head_size);
@@ -326,8 +326,7 @@ void checked_decode_attention(
               "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
   TORCH_CHECK(kv_cache.size(4) == query.size(2), "head sizes differ");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "query, out and cache dtypes differ");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
   TORCH_CHECK(token_index.scalar_type() == at::kLong && token_index.is_contiguous(), "token_index: int64");
@@ -350,8 +349,11 @@ void checked_decode_attention(
       TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
     }
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "decode_attention", [&] {
-    decode_attention_impl<scalar_t>(out, query, kv_cache, block_table, seq_lens, token_index, scale);
+  pagoda_cpu::dispatch_kv_type(query.scalar_type(), "query", [&](auto q) {
+    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
+      decode_attention_impl<decltype(q), decltype(c)>(out, query, kv_cache, block_table, seq_lens,
+                                                      token_index, scale);
+    });
   });
 }
 

@@ -271,7 +271,7 @@ PackedBlocks<Word> pack_blocks(const std::vector<int64_t>& reqs, const int32_t* 
   return packed;
 }
 
-template <typename scalar_t, int64_t D>
+template <typename scalar_t, typename cache_t, int64_t D>
 void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
                             const at::Tensor& kv_cache, const at::Tensor& block_table,
                             const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
@@ -283,8 +283,8 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
 
   const scalar_t* q_base = query.data_ptr<scalar_t>();
   scalar_t* o_base = out.data_ptr<scalar_t>();
-  const scalar_t* k_cache = kv_cache[0].data_ptr<scalar_t>();
-  const scalar_t* v_cache = kv_cache[1].data_ptr<scalar_t>();
+  const cache_t* k_cache = kv_cache[0].data_ptr<cache_t>();
+  const cache_t* v_cache = kv_cache[1].data_ptr<cache_t>();
   const int32_t* tables = block_table.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
@@ -298,16 +298,17 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
 
   // A block, in float: K transposed to [D][kBlock] (the scores of 16 keys
   // are one vector FMA per dimension), then V as [kBlock][D]; positions past
-  // the request's context are zero.
+  // the request's context are zero. The cache's dtype (kv_cache_dtype) may
+  // differ from the query's: this is where it is widened.
   constexpr int64_t W = kBlock * D;
   const auto packed = pack_blocks<float>(
       reqs, lens, tables, table_stride, seq_lens.size(0), num_kv_heads, 2 * W,
       [&](int64_t id, int64_t head, int64_t keys, float* dst) {
-        const scalar_t* kb = k_cache + id * block_stride + head * D;
-        const scalar_t* vb = v_cache + id * block_stride + head * D;
+        const cache_t* kb = k_cache + id * block_stride + head * D;
+        const cache_t* vb = v_cache + id * block_stride + head * D;
         for (int64_t k = 0; k < kBlock; ++k) {
-          const scalar_t* krow = kb + k * row_stride;
-          const scalar_t* vrow = vb + k * row_stride;
+          const cache_t* krow = kb + k * row_stride;
+          const cache_t* vrow = vb + k * row_stride;
           for (int64_t d = 0; d < D; ++d) {
             dst[d * kBlock + k] = k < keys ? static_cast<float>(krow[d]) : 0.f;
             dst[W + k * D + d] = k < keys ? static_cast<float>(vrow[d]) : 0.f;
@@ -518,8 +519,7 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
   TORCH_CHECK(head_size == 64 || head_size == 128, "head size must be 64 or 128");
   TORCH_CHECK(kv_cache.size(4) == head_size, "head sizes differ");
   TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "query, out and cache dtypes differ");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
   TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && query_start_loc.is_contiguous(),
@@ -554,7 +554,7 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
   if (tasks.empty()) return;
   const std::vector<int64_t> req_list(reqs, reqs + rows.size(0));
 #if defined(__AVX512BF16__)
-  if (query.scalar_type() == at::kBFloat16) {
+  if (query.scalar_type() == at::kBFloat16 && kv_cache.scalar_type() == at::kBFloat16) {
     if (head_size == 64)
       prefill_attention_bf16<64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
     else
@@ -562,11 +562,14 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
     return;
   }
 #endif
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_attention", [&] {
-    if (head_size == 64)
-      prefill_attention_impl<scalar_t, 64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
-    else
-      prefill_attention_impl<scalar_t, 128>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
+  pagoda_cpu::dispatch_kv_type(query.scalar_type(), "query", [&](auto q) {
+    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
+      using query_t = decltype(q);
+      using cache_t = decltype(c);
+      auto run = head_size == 64 ? prefill_attention_impl<query_t, cache_t, 64>
+                                 : prefill_attention_impl<query_t, cache_t, 128>;
+      run(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
+    });
   });
 }
 

@@ -37,6 +37,8 @@ def engine_env(llms: LLMService) -> dict[str, str]:
         "PAGODA_KV_CACHE_MEMORY_GIB": engine.kv_cache_memory,
     }
     env |= {key: _number(value) for key, value in optional.items() if value is not None}
+    if engine.kv_cache_dtype is not None:
+        env["PAGODA_KV_CACHE_DTYPE"] = engine.kv_cache_dtype
     if engine.enable_prefix_caching is not None:
         env["PAGODA_ENABLE_PREFIX_CACHING"] = "true" if engine.enable_prefix_caching else "false"
     return dict(sorted(env.items()))

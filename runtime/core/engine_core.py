@@ -31,6 +31,7 @@ class MemoryReport:
     block_size: int
     max_model_len: int
     tensor_parallel_size: int = 1
+    kv_cache_dtype: str = ""
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -44,6 +45,7 @@ class MemoryReport:
         per_rank = " per rank" if self.tensor_parallel_size > 1 else ""
         return (
             f"weights {self.weight_bytes / 2**30:.2f} GiB{per_rank}; KV cache{per_rank} "
+            f"({self.kv_cache_dtype}) "
             f"{self.kv_cache_bytes / 2**30:.2f} GiB = {self.num_blocks} blocks of "
             f"{self.block_size} = {self.kv_cache_tokens} tokens; "
             f"{self.max_concurrent_full_requests:.1f} requests of max_model_len "
@@ -82,6 +84,9 @@ class EngineCore:
             block_size=config.cache_config.block_size,
             max_model_len=self.model_config.max_model_len,
             tensor_parallel_size=config.parallel_config.world_size,
+            kv_cache_dtype=str(
+                config.cache_config.kv_cache_dtype(self.model_config.dtype)
+            ).removeprefix("torch."),
         )
         if self.memory.kv_cache_tokens < self.model_config.max_model_len:
             flag = (

@@ -13,18 +13,22 @@ import typing
 from pagoda.runtime.config import (
     ATTENTION_BACKENDS,
     DTYPES,
+    KV_CACHE_DTYPES,
     PREFIX_CACHING_HASH_ALGOS,
     EngineArgs,
 )
 
 _CHOICES = {
     "dtype": DTYPES,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
     "attention_backend": ATTENTION_BACKENDS,
     "prefix_caching_hash_algo": PREFIX_CACHING_HASH_ALGOS,
 }
 _HELP = {
     "model": "built-in name, .gguf file, or Hugging Face folder (with --random-weights: a preset)",
     "dtype": "weights and activations dtype; auto = bfloat16 on CUDA and bf16-capable CPUs",
+    "kv_cache_dtype": "KV cache dtype; auto = the model's. float16 or bfloat16 under a float32 "
+    "model halves the cache's memory and what decode attention reads",
     "max_model_len": "longest prompt + output (default: the model's)",
     "max_num_seqs": "most requests in one step",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes); "

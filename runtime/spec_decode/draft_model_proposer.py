@@ -46,6 +46,7 @@ class DraftModelProposer(Proposer):
         self.k = config.num_speculative_tokens
         self.model_config: ModelConfig = config.draft_model_config
         self.block_size = cache_config.block_size
+        self.kv_cache_dtype = cache_config.kv_cache_dtype(self.model_config.dtype)
         self.device = device
         self.backend = backend
         self.use_triton_kernels = use_triton_kernels
@@ -65,14 +66,14 @@ class DraftModelProposer(Proposer):
     def kv_bytes_per_block(self) -> int:
         a = self.model_config.arch
         per_token = 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim
-        return per_token * self.block_size * self.model_config.dtype.itemsize
+        return per_token * self.block_size * self.kv_cache_dtype.itemsize
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         a = self.model_config.arch
         shape = kv_cache_shape(num_blocks, self.block_size, a.num_key_value_heads, a.head_dim)
         self.kv_caches = []
         for layer in self.model.attention_layers():
-            cache = torch.zeros(shape, dtype=self.model_config.dtype, device=self.device)
+            cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
 

@@ -47,6 +47,7 @@ class ModelRunner:
         self.device = device
         self.tp = tp
         self.dtype = self.model_config.dtype
+        self.kv_cache_dtype = self.cache_config.kv_cache_dtype(self.dtype)
         self.seed = runner.seed
         # Triton kernels need a GPU; under TRITON_INTERPRET on the CPU they
         # would run, but orders of magnitude slower than the torch twins.
@@ -144,7 +145,7 @@ class ModelRunner:
         a = self.model_config.arch
         per_token = 2 * a.num_hidden_layers * self.num_kv_heads * a.head_dim
         draft = self.spec.proposer.kv_bytes_per_block() if self.spec is not None else 0
-        return per_token * self.cache_config.block_size * self.dtype.itemsize + draft
+        return per_token * self.cache_config.block_size * self.kv_cache_dtype.itemsize + draft
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -160,7 +161,7 @@ class ModelRunner:
         blocks = -(-n // bs)
         scratch = torch.zeros(
             kv_cache_shape(blocks, bs, self.num_kv_heads, a.head_dim),
-            dtype=self.dtype,
+            dtype=self.kv_cache_dtype,
             device=self.device,
         )
         for layer in self.model.attention_layers():
@@ -199,7 +200,7 @@ class ModelRunner:
         )
         self.kv_caches = []
         for layer in self.model.attention_layers():
-            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            cache = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             layer.kv_cache = cache
             self.kv_caches.append(cache)
         if self.spec is not None:

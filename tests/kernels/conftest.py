@@ -48,8 +48,14 @@ def make_paged_batch(
     dtype: torch.dtype,
     seed: int,
     spare_blocks: int = 3,
+    cache_dtype: torch.dtype | None = None,
 ) -> PagedBatch:
-    """specs: one (query_len, seq_len) per request, query_len <= seq_len."""
+    """specs: one (query_len, seq_len) per request, query_len <= seq_len.
+    The cache is in `cache_dtype` (default: `dtype`); the K/V are drawn
+    representable in both dtypes, so writing them needs no rounding (the
+    cache-write tests check the rounding; the interpreter truncates to
+    bf16 where CUDA rounds)."""
+    cache_dtype = cache_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
     num_heads = num_kv_heads * group
     blocks_per_req = [-(-seq_len // block_size) for _, seq_len in specs]
@@ -60,7 +66,9 @@ def make_paged_batch(
     max_blocks = max(blocks_per_req) + 1
     block_table = torch.full((len(specs), max_blocks), poison_block, dtype=torch.int32)
     kv_cache = torch.full(
-        kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size), float("nan"), dtype=dtype
+        kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
+        float("nan"),
+        dtype=cache_dtype,
     )
 
     queries, keys, values, slots = [], [], [], []
@@ -69,15 +77,16 @@ def make_paged_batch(
         assert 0 < query_len <= seq_len
         ids = [perm.pop() for _ in range(blocks_per_req[i])]
         block_table[i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        k = torch.randn(seq_len, num_kv_heads, head_size, generator=gen).to(dtype)
-        v = torch.randn(seq_len, num_kv_heads, head_size, generator=gen).to(dtype)
+        k = torch.randn(seq_len, num_kv_heads, head_size, generator=gen)
+        v = torch.randn(seq_len, num_kv_heads, head_size, generator=gen)
+        k, v = k.to(cache_dtype).to(dtype), v.to(cache_dtype).to(dtype)
         pos = torch.arange(seq_len)
         slot = (
             torch.tensor(ids, dtype=torch.int64)[pos // block_size] * block_size + pos % block_size
         )
         ctx = seq_len - query_len
-        kv_cache[0].view(-1, num_kv_heads, head_size)[slot[:ctx]] = k[:ctx]
-        kv_cache[1].view(-1, num_kv_heads, head_size)[slot[:ctx]] = v[:ctx]
+        kv_cache[0].view(-1, num_kv_heads, head_size)[slot[:ctx]] = k[:ctx].to(cache_dtype)
+        kv_cache[1].view(-1, num_kv_heads, head_size)[slot[:ctx]] = v[:ctx].to(cache_dtype)
         queries.append(torch.randn(query_len, num_heads, head_size, generator=gen).to(dtype))
         keys.append(k[ctx:])
         values.append(v[ctx:])

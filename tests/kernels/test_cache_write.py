@@ -41,6 +41,32 @@ def test_scatter_matches_twin_at_scattered_slots(
     assert torch.equal(flat_k[slots], batch.key)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.float16),
+    ],
+)
+def test_a_cache_in_another_dtype_gets_rows_rounded_as_torch_rounds(dtype, cache_dtype, device):
+    """kv_cache_dtype: the write converts, rounding to nearest even."""
+    if device.type == "cpu" and cache_dtype == torch.bfloat16:
+        pytest.skip("the Triton interpreter truncates to bf16 where CUDA rounds to nearest")
+    torch.manual_seed(13)
+    k = torch.randn(6, 2, 64).to(dtype)
+    v = torch.randn(6, 2, 64).to(dtype)
+    k[0, 0, :2] = torch.tensor([3e4, 1e-6])  # large, and subnormal in fp16
+    k, v = k.to(device), v.to(device)
+    cache = torch.zeros(2, 2, 16, 2, 64, dtype=cache_dtype, device=device)
+    slots = torch.tensor([3, 17, -1, 0, 31, 8], device=device)
+    expected = cache.clone()
+    reference.reshape_and_cache_ref(k, v, expected, slots)
+    reshape_and_cache(k, v, cache, slots)
+    assert torch.equal(cache, expected)
+
+
 def test_strided_key_value_views_of_a_fused_qkv(device):
     torch.manual_seed(11)
     num_tokens, heads, kv_heads, d, bs = 9, 4, 2, 64, 16

@@ -40,6 +40,38 @@ def test_mixed_step_matches_reference(
     assert rel_err(out, attention_reference(batch, 0.125)) < tolerance[dtype]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float16),
+    ],
+)
+@pytest.mark.parametrize("specs", [[(1, 50), (9, 41), (24, 24), (1, 17)], [(1, 70), (1, 9)]])
+def test_a_cache_in_another_dtype_than_the_model(
+    dtype, cache_dtype, specs, paged_batch, attention_reference, rel_err, tolerance
+):
+    """kv_cache_dtype: the write rounds the step's K/V into the cache and the
+    kernel converts what it loads; the output is in the model's dtype, as
+    close to attention over the cached K/V as that dtype allows."""
+    batch = paged_batch(
+        specs,
+        num_kv_heads=2,
+        group=3,
+        head_size=64,
+        block_size=16,
+        dtype=dtype,
+        seed=11,
+        cache_dtype=cache_dtype,
+    )
+    out = TritonAttentionBackend().forward(
+        batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata, 0.125
+    )
+    assert out.dtype == dtype and batch.kv_cache.dtype == cache_dtype
+    assert rel_err(out, attention_reference(batch, 0.125)) < tolerance[dtype]
+
+
 def test_decode_step_with_pinned_splits(paged_batch, attention_reference, rel_err, tolerance):
     batch = paged_batch(
         [(1, 200), (1, 9), (1, 130)],

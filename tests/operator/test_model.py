@@ -70,6 +70,8 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
         "spec.engine.maxNumBatchedTokens",
     ),
     ({**BASE, "engine": {"dtype": "int4"}}, "spec.engine.dtype"),
+    ({**BASE, "engine": {"dtype": "float32", "kvCacheDtype": "float16"}}, None),
+    ({**BASE, "engine": {"kvCacheDtype": "fp8"}}, "spec.engine.kvCacheDtype"),
     ({**BASE, "engine": {"gpuMemoryUtilization": 0.9}}, None),
     ({**BASE, "engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization"),
     ({**BASE, "engine": {"gpuMemoryUtilization": 1.5}}, "spec.engine.gpuMemoryUtilization"),

@@ -37,6 +37,25 @@ def test_matches_the_twin_and_skips_padding(op, dtype):
     assert cache[0].reshape(64, -1).count_nonzero(dim=1).gt(0).sum() == 5
 
 
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_a_cache_in_another_dtype_gets_rows_rounded_as_torch_rounds(op, dtype, cache_dtype):
+    k, v = fused_kv(7, 3, 64, dtype)
+    k[0, 0, :3] = torch.tensor([1e6, -1e-9, float("nan")])  # past fp16's range, subnormal, NaN
+    slots = torch.tensor([17, 3, -1, 40, 0, -1, 63], dtype=torch.long)
+    cache = torch.zeros(2, 4, 16, 3, 64, dtype=cache_dtype)
+    expected = cache.clone()
+    reference.reshape_and_cache_ref(k, v, expected, slots)
+    op(k, v, cache, slots)
+    torch.testing.assert_close(cache, expected, rtol=0, atol=0, equal_nan=True)
+
+
 def test_reads_only_one_slot_per_token(op):
     k, v = fused_kv(2, 1, 8, torch.float32)
     slots = torch.tensor([5, 9, 1000], dtype=torch.long)  # longer than the tokens, as padded
@@ -53,8 +72,12 @@ def test_refuses_bad_input_and_writes_nothing(op):
     assert cache.count_nonzero() == 0  # the good slots before the bad one too
     with pytest.raises(RuntimeError, match="int64"):
         op(k, v, cache, torch.tensor([0, 1, 2], dtype=torch.int32))
-    with pytest.raises(RuntimeError, match="dtype"):
+    with pytest.raises(RuntimeError, match="key/value dtype must be"):
         op(k.double(), v.double(), cache, torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="kv_cache dtype must be"):
+        op(k, v, cache.double(), torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        op(k, v.half(), cache, torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="kv_heads"):
         op(k[:, :1], v[:, :1], cache, torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match="slot per token"):

@@ -19,9 +19,14 @@ def op():
     return build().decode_attention
 
 
-def make_batch(seq_lens, num_kv_heads, group, head_size, block_size, dtype, seed=0):
+def make_batch(
+    seq_lens, num_kv_heads, group, head_size, block_size, dtype, seed=0, cache_dtype=None
+):
     """Requests with `seq_lens` tokens of context each, scattered over the
-    cache's blocks; one query token per request."""
+    cache's blocks; one query token per request. The cache is in
+    `cache_dtype` (default: the query's), and so are the keys and values
+    returned for the reference: what the kernel reads."""
+    cache_dtype = cache_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
     blocks = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks) + 3
@@ -40,10 +45,10 @@ def make_batch(seq_lens, num_kv_heads, group, head_size, block_size, dtype, seed
         pos = torch.arange(n)
         cache[0, table[r, pos // block_size].long(), pos % block_size] = k
         cache[1, table[r, pos // block_size].long(), pos % block_size] = v
-        keys.append(k.to(dtype))
-        values.append(v.to(dtype))
+        keys.append(k.to(cache_dtype))
+        values.append(v.to(cache_dtype))
     query = torch.randn(len(seq_lens), num_kv_heads * group, head_size, generator=gen)
-    return query.to(dtype), cache.to(dtype), table, keys, values
+    return query.to(dtype), cache.to(cache_dtype), table, keys, values
 
 
 def reference(q, k, v, scale):
@@ -55,9 +60,11 @@ def reference(q, k, v, scale):
     return torch.einsum("hs,shd->hd", probs, v)
 
 
-def check(op, seq_lens, num_kv_heads, group, head_size, block_size, dtype, tokens=None):
+def check(
+    op, seq_lens, num_kv_heads, group, head_size, block_size, dtype, tokens=None, cache_dtype=None
+):
     query, cache, table, keys, values = make_batch(
-        seq_lens, num_kv_heads, group, head_size, block_size, dtype
+        seq_lens, num_kv_heads, group, head_size, block_size, dtype, cache_dtype=cache_dtype
     )
     scale = head_size**-0.5
     num_reqs = len(seq_lens)
@@ -74,7 +81,7 @@ def check(op, seq_lens, num_kv_heads, group, head_size, block_size, dtype, token
     others = torch.ones(rows, dtype=torch.bool)
     others[tokens] = False
     assert (out[others] == 7.0).all()
-    tol = TOLERANCE[dtype]
+    tol = max(TOLERANCE[dtype], TOLERANCE[cache_dtype or dtype])
     for r in range(num_reqs):
         ref = reference(query[r], keys[r], values[r], scale)
         torch.testing.assert_close(out[tokens[r]].double(), ref, rtol=tol, atol=tol)
@@ -100,6 +107,26 @@ def test_decodes_among_prefill_rows_and_two_threads(op):
         check(op, [40, 3, 129], 3, 3, 64, 16, torch.float32, tokens=torch.tensor([2, 9, 10]))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [
+        (torch.float32, torch.float16),  # llama.cpp's default under f32 weights
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.float16),
+    ],
+)
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_a_cache_in_another_dtype_than_the_model(op, dtype, cache_dtype, head_size):
+    check(op, [1, 17, 100, 257], 2, 3, head_size, 16, dtype, cache_dtype=cache_dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # batch 1: split over the threads
+        check(op, [300], 3, 3, head_size, 16, dtype, cache_dtype=cache_dtype)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_long_context(op):
@@ -140,6 +167,10 @@ def test_refuses_what_it_cannot_read(op):
         op(out, query, cache, table.long(), lens, tokens, 0.1)
     with pytest.raises(RuntimeError, match="dtypes differ"):
         op(out, query.double(), cache, table, lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="query dtype must be float32, bfloat16 or float16"):
+        op(out.double(), query.double(), cache, table, lens, tokens, 0.1)
+    with pytest.raises(RuntimeError, match="kv_cache dtype must be"):
+        op(out, query, cache.double(), table, lens, tokens, 0.1)
     with pytest.raises(RuntimeError, match="multiple of KV heads"):
         op(out[:, :3], query[:, :3], cache, table, lens, tokens, 0.1)
     with pytest.raises(RuntimeError, match="one row per request"):

@@ -18,10 +18,12 @@ def op():
     return build().prefill_attention
 
 
-def make_step(chunks, num_kv_heads, group, head_size, dtype, seed=0):
+def make_step(chunks, num_kv_heads, group, head_size, dtype, seed=0, cache_dtype=None):
     """One step of requests; chunks[i] = (seq_len, q_len): the request's
     queries are its last q_len positions. The cache holds each request's
-    K/V at every position (the step's own were written before attention)."""
+    K/V at every position (the step's own were written before attention),
+    in `cache_dtype` (default: the query's)."""
+    cache_dtype = cache_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
     blocks = [-(-n // BLOCK) for n, _ in chunks]
     num_blocks = sum(blocks) + 3
@@ -38,14 +40,14 @@ def make_step(chunks, num_kv_heads, group, head_size, dtype, seed=0):
         pos = torch.arange(n)
         cache[0, table[r, pos // BLOCK].long(), pos % BLOCK] = k
         cache[1, table[r, pos // BLOCK].long(), pos % BLOCK] = v
-        keys.append(k.to(dtype))
-        values.append(v.to(dtype))
+        keys.append(k.to(cache_dtype))
+        values.append(v.to(cache_dtype))
     q_lens = [q for _, q in chunks]
     qsl = torch.zeros(len(chunks) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(q_lens).cumsum(0)
     query = torch.randn(int(qsl[-1]), num_kv_heads * group, head_size, generator=gen)
     lens = torch.tensor([n for n, _ in chunks], dtype=torch.int32)
-    return query.to(dtype), cache.to(dtype), table, lens, qsl, keys, values
+    return query.to(dtype), cache.to(cache_dtype), table, lens, qsl, keys, values
 
 
 def reference(q, k, v, scale):
@@ -60,15 +62,15 @@ def reference(q, k, v, scale):
     return torch.einsum("hqs,shd->qhd", scores.softmax(-1), v)
 
 
-def check(op, chunks, num_kv_heads, group, head_size, dtype, rows=None):
+def check(op, chunks, num_kv_heads, group, head_size, dtype, rows=None, cache_dtype=None):
     query, cache, table, lens, qsl, keys, values = make_step(
-        chunks, num_kv_heads, group, head_size, dtype
+        chunks, num_kv_heads, group, head_size, dtype, cache_dtype=cache_dtype
     )
     scale = head_size**-0.5
     rows = torch.arange(len(chunks)) if rows is None else torch.tensor(rows)
     out = torch.full_like(query, 7.0)
     op(out, query, cache, table, lens, qsl, rows.long(), scale)
-    tol = TOLERANCE[dtype]
+    tol = max(TOLERANCE[dtype], TOLERANCE[cache_dtype or dtype])
     for r in range(len(chunks)):
         got = out[qsl[r] : qsl[r + 1]]
         if r not in rows.tolist():
@@ -93,6 +95,21 @@ def test_chunks_after_a_cached_prefix_see_it_all(op, group):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_head_size_128(op, dtype):
     check(op, [(90, 90), (200, 31), (47, 3)], 2, 2, 128, dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.float16),
+    ],
+)
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_a_cache_in_another_dtype_than_the_model(op, dtype, cache_dtype, head_size):
+    chunks = [(17, 17), (100, 100), (300, 45), (64, 1)]
+    check(op, chunks, 2, 3, head_size, dtype, cache_dtype=cache_dtype)
 
 
 def test_only_the_listed_requests_are_computed(op):

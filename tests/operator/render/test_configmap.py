@@ -35,6 +35,7 @@ def test_every_engine_field_has_its_variable() -> None:
             "gpuMemoryUtilization": 0.92,
             "kvCacheMemory": 4,
             "dtype": "bfloat16",
+            "kvCacheDtype": "float16",
             "enablePrefixCaching": False,
         },
     )["data"]
@@ -42,6 +43,7 @@ def test_every_engine_field_has_its_variable() -> None:
         "PAGODA_DTYPE": "bfloat16",
         "PAGODA_ENABLE_PREFIX_CACHING": "false",
         "PAGODA_GPU_MEMORY_UTILIZATION": "0.92",
+        "PAGODA_KV_CACHE_DTYPE": "float16",
         "PAGODA_KV_CACHE_MEMORY_GIB": "4",
         "PAGODA_MAX_MODEL_LEN": "8192",
         "PAGODA_MAX_NUM_BATCHED_TOKENS": "4096",
@@ -70,6 +72,7 @@ def test_every_variable_is_one_the_runtime_reads() -> None:
             "maxNumBatchedTokens": 64,
             "gpuMemoryUtilization": 0.5,
             "kvCacheMemory": 1,
+            "kvCacheDtype": "bfloat16",
             "enablePrefixCaching": True,
         }
     )["data"]

@@ -42,16 +42,27 @@ def reference(q, k, v, num_computed: int, scale: float) -> torch.Tensor:
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run_step(specs, group: int, block_size: int, paged_step, backend, seed: int = 0):
-    """specs: (num_computed, num_new) per request. Fills the cache with each
+def run_step(
+    specs,
+    group: int,
+    block_size: int,
+    paged_step,
+    backend,
+    seed: int = 0,
+    cache_dtype: torch.dtype = torch.float32,
+):
+    """specs: (num_computed, num_new) per request. Fills the cache (in
+    `cache_dtype`; the queries, keys and values are float32) with each
     request's earlier context at scattered blocks, runs the backend on the
-    step's new tokens and returns (output, float64 reference)."""
+    step's new tokens and returns (output, float64 reference over the K/V
+    as the cache holds them)."""
     gen = torch.Generator().manual_seed(seed)
     num_heads = NUM_KV_HEADS * group
     blocks_needed = [-(-(c + n) // block_size) for c, n in specs]
     num_blocks = sum(blocks_needed) + 2
     pool = torch.randperm(num_blocks, generator=gen).tolist()
-    cache = torch.full(kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, HEAD_SIZE), GARBAGE)
+    shape = kv_cache_shape(num_blocks, block_size, NUM_KV_HEADS, HEAD_SIZE)
+    cache = torch.full(shape, GARBAGE, dtype=cache_dtype)
     flat = cache.view(2, -1, NUM_KV_HEADS, HEAD_SIZE)
 
     requests, queries, keys, values, refs = [], [], [], [], []
@@ -65,11 +76,12 @@ def run_step(specs, group: int, block_size: int, paged_step, backend, seed: int 
         q = torch.randn(new, num_heads, HEAD_SIZE, generator=gen)
         pos = torch.arange(computed)
         slots = torch.tensor(ids)[pos // block_size] * block_size + pos % block_size
-        flat[0, slots], flat[1, slots] = k[:computed], v[:computed]
+        flat[0, slots], flat[1, slots] = k[:computed].to(cache_dtype), v[:computed].to(cache_dtype)
         queries.append(q)
         keys.append(k[computed:])
         values.append(v[computed:])
-        refs.append(reference(q, k, v, computed, scale))
+        cached = (k.to(cache_dtype), v.to(cache_dtype))
+        refs.append(reference(q, *cached, computed, scale))
 
     metadata, _ = paged_step(requests, block_size)
     out = backend.forward(
@@ -77,8 +89,8 @@ def run_step(specs, group: int, block_size: int, paged_step, backend, seed: int 
     )
     # The step's keys and values landed in the cache at their slots.
     slots = metadata.slot_mapping
-    torch.testing.assert_close(flat[0, slots], torch.cat(keys), rtol=0, atol=0)
-    torch.testing.assert_close(flat[1, slots], torch.cat(values), rtol=0, atol=0)
+    torch.testing.assert_close(flat[0, slots], torch.cat(keys).to(cache_dtype), rtol=0, atol=0)
+    torch.testing.assert_close(flat[1, slots], torch.cat(values).to(cache_dtype), rtol=0, atol=0)
     return out, torch.cat(refs)
 
 
@@ -99,6 +111,17 @@ def test_mixed_decodes_and_prefill_chunks_match_reference(group, block_size, pag
         (5, 30),  # chunk crossing several block boundaries
     ]
     out, ref = run_step(specs, group, block_size, paged_step, backend)
+    assert_matches(out, ref)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_a_16_bit_cache_under_a_float32_model(cache_dtype, block_size, paged_step, backend):
+    """kv_cache_dtype: the step's K/V are rounded into the cache, and every
+    read widens them back: the output is float32 attention over the rounded
+    K/V (float32 math throughout, so the float32 tolerance holds)."""
+    specs = [(0, 13), (36, 1), (21, 19), (47, 1), (5, 30)]
+    out, ref = run_step(specs, 3, block_size, paged_step, backend, cache_dtype=cache_dtype)
     assert_matches(out, ref)
 
 

@@ -1,6 +1,7 @@
 """The offline API on the real SmolLM2: sampling, n>1, stops, chat, bad input."""
 
 import pytest
+import torch
 from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.sampling_params import InvalidRequestError
 
@@ -75,6 +76,26 @@ def test_seeded_sampling_survives_preemption(llm, prompts):
     out = tight.generate(prompts, [others] * 7 + [seeded])
     assert tight.engine.engine_core.scheduler.make_stats().num_preemptions > 0
     assert out[7].outputs[0].token_ids == alone
+
+
+def test_a_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(llm, prompts):
+    """kv_cache_dtype float16 under float32 weights (llama.cpp's default
+    cache): the same memory budget holds twice the blocks, and greedy output
+    follows the float32 cache's (the rounding is ~5e-4 relative)."""
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    budget = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory_gib": 0.125}
+    full = LLM(**budget)
+    half = LLM(kv_cache_dtype="float16", **budget)
+    assert (
+        half.engine.engine_core.memory.num_blocks == 2 * full.engine.engine_core.memory.num_blocks
+    )
+    assert "KV cache (float16)" in half.engine.engine_core.memory.summary()
+    runner = half.engine.engine_core.executor.worker.runner
+    assert all(c.dtype == torch.float16 for c in runner.kv_caches)
+    expected = [o.outputs[0].token_ids for o in full.generate(prompts, greedy)]
+    got = [o.outputs[0].token_ids for o in half.generate(prompts, greedy)]
+    assert got == expected
+    _idle(half)
 
 
 def test_n_samples_share_the_prompt_blocks_and_differ(llm):
