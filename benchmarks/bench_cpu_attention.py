@@ -1,6 +1,7 @@
 """The C++ CPU attention kernels alone: decode at batch 1 and 16 (K/V from
 memory: 24 different caches in turn, as a step's layers read theirs) and a
-step of prefill chunks (issue 13).
+step of prefill chunks (issue 13), for bf16, float32, and float32 over a
+float16 KV cache (kv_cache_dtype).
 
 `--so PATH` loads a given build of the extension instead of this source's
 (builds live in ~/.cache/pagoda/kernels/cpu-<hash>/), so two versions of a
@@ -45,14 +46,18 @@ def load_extension(so: str | None):
     return module
 
 
-def bench_decode(ext, dtype, batch: int, reps: int, caches: int = 24) -> float:
+def bench_decode(ext, dtype, batch: int, reps: int, caches: int = 24, cache_dtype=None) -> float:
     """Median us per call; 3 KV heads x 3 (SmolLM2), head size 64, 16-position
-    blocks; `caches` distinct caches called in turn (1: the K/V stay in cache)."""
+    blocks; `caches` distinct caches called in turn (1: the K/V stay in cache),
+    in `cache_dtype` (default: the query's)."""
     # The test's batch builder: scattered blocks, NaN everywhere else.
     t = _module(TESTS / "test_decode_attention.py", "decode_test")
     rng = random.Random(0)
     lens = [rng.randint(33, 576) for _ in range(batch)]
-    batches = [t.make_batch(lens, 3, 3, 64, 16, dtype, seed=s) for s in range(caches)]
+    batches = [
+        t.make_batch(lens, 3, 3, 64, 16, dtype, seed=s, cache_dtype=cache_dtype)
+        for s in range(caches)
+    ]
     times = []
     for _ in range(reps):
         for q, cache, table, _, _ in batches:
@@ -65,11 +70,11 @@ def bench_decode(ext, dtype, batch: int, reps: int, caches: int = 24) -> float:
     return statistics.median(times) * 1e6
 
 
-def bench_prefill(ext, dtype, reps: int) -> tuple[float, float]:
+def bench_prefill(ext, dtype, reps: int, cache_dtype=None) -> tuple[float, float]:
     """Median ms per call and GFLOP/s for four chunks (seq_len, q_len)."""
     t = _module(TESTS / "test_prefill_attention.py", "prefill_test")
     chunks = [(272, 272), (400, 256), (128, 128), (500, 100)]
-    q, cache, table, lens, qsl, _, _ = t.make_step(chunks, 3, 3, 64, dtype)
+    q, cache, table, lens, qsl, _, _ = t.make_step(chunks, 3, 3, 64, dtype, cache_dtype=cache_dtype)
     rows = torch.arange(len(chunks))
     out = torch.empty_like(q)
     flops = sum(4 * ql * (s - ql / 2) * 9 * 64 for s, ql in chunks)
@@ -95,16 +100,23 @@ def main() -> int:
     ns = p.parse_args()
     torch.set_num_threads(ns.threads)
     ext = load_extension(ns.so)
-    for dtype in (torch.bfloat16, torch.float32):
-        name = str(dtype).removeprefix("torch.")
+    # (model dtype, KV cache dtype): float32 with a float16 cache is
+    # llama.cpp's default configuration under F32 weights.
+    combos = [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+        (torch.float32, torch.float16),
+    ]
+    for dtype, cache_dtype in combos:
+        name = str(dtype).removeprefix("torch.") + "/" + str(cache_dtype).removeprefix("torch.")
         for batch in (1, 16):
-            us = bench_decode(ext, dtype, batch, ns.reps)
-            print(f"decode  {name:8} batch {batch:2}: {us:8.1f} us", flush=True)
+            us = bench_decode(ext, dtype, batch, ns.reps, cache_dtype=cache_dtype)
+            print(f"decode  {name:17} batch {batch:2}: {us:8.1f} us", flush=True)
         if ns.hot:
-            us = bench_decode(ext, dtype, 16, 24 * ns.reps, caches=1)
-            print(f"decode  {name:8} batch 16, K/V in cache: {us:8.1f} us", flush=True)
-        ms, gflops = bench_prefill(ext, dtype, 2 * ns.reps)
-        print(f"prefill {name:8} 4 chunks: {ms:8.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
+            us = bench_decode(ext, dtype, 16, 24 * ns.reps, caches=1, cache_dtype=cache_dtype)
+            print(f"decode  {name:17} batch 16, K/V in cache: {us:8.1f} us", flush=True)
+        ms, gflops = bench_prefill(ext, dtype, 2 * ns.reps, cache_dtype=cache_dtype)
+        print(f"prefill {name:17} 4 chunks: {ms:8.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
     return 0
 
 

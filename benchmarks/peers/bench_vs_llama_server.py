@@ -158,6 +158,16 @@ def main() -> int:
     p.add_argument("--no-shared-prefix", dest="shared_prefix", action="store_false")
     p.add_argument("--no-offline", dest="offline", action="store_false")
     p.add_argument("--prefix-dtype", default="bfloat16")
+    # llama-server's cache is f16 whatever the weights (its -ctk/-ctv default);
+    # pagoda's follows the model unless told (--kv-cache-dtype).
+    p.add_argument(
+        "--kv-cache-dtypes",
+        nargs="+",
+        default=["auto"],
+        help="pagoda's --kv-cache-dtype, each a system of its own (auto: `pagoda`, "
+        "others: `pagoda-kv-<dtype>`)",
+    )
+    p.add_argument("--prefix-kv-cache-dtype", default="auto")
     p.add_argument("--cache", type=Path, default=default_cache())
     p.add_argument("--llama-server", default=None, help="default: build_llama_server.sh")
     p.add_argument("--result-file", default=".bench/peers.json")
@@ -193,14 +203,14 @@ def main() -> int:
     for rnd in range(ns.rounds):
         for dtype in ns.dtypes:
             for conc in ns.concurrency:
-                systems = ["pagoda", "llama-server"]
+                systems = [*(pagoda_system(kv) for kv in ns.kv_cache_dtypes), "llama-server"]
                 if rnd % 2:
                     systems.reverse()
                 for system in systems:
                     server = (
-                        pagoda_server(dtype, conc, ns, [])
-                        if system == "pagoda"
-                        else llama_server(dtype, conc, ns)
+                        llama_server(dtype, conc, ns)
+                        if system == "llama-server"
+                        else pagoda_server(dtype, conc, ns, kv_cache_flags(system))
                     )
                     try:
                         record(
@@ -228,7 +238,8 @@ def main() -> int:
                         if system == "on"
                         else "--no-enable-prefix-caching"
                     )
-                    server = pagoda_server(dtype, 4, ns, [flag])
+                    kv = ["--kv-cache-dtype", ns.prefix_kv_cache_dtype]
+                    server = pagoda_server(dtype, 4, ns, [flag, *kv])
                 name = system if system == "llama-server" else f"pagoda-prefix-{system}"
                 try:
                     record(rnd, dtype, 4, f"shared:{name}", row(bench(server, shared, 4, warmup)))
@@ -251,6 +262,15 @@ def main() -> int:
         )
     )
     return 0
+
+
+def pagoda_system(kv_cache_dtype: str) -> str:
+    return "pagoda" if kv_cache_dtype == "auto" else f"pagoda-kv-{kv_cache_dtype}"
+
+
+def kv_cache_flags(system: str) -> list[str]:
+    kv = system.removeprefix("pagoda").removeprefix("-kv-") or "auto"
+    return ["--kv-cache-dtype", kv]
 
 
 def summarize(results: list[dict]) -> list[dict]:
@@ -284,9 +304,9 @@ def print_summary(summary: list[dict]) -> None:
     by = {(s["dtype"], s["concurrency"], s["system"]): s for s in summary}
     for (dtype, conc, system), s in by.items():
         peer = by.get((dtype, conc, "llama-server"))
-        if system == "pagoda" and peer:
+        if system.startswith("pagoda") and peer:
             print(
-                f"{dtype} c={conc}: pagoda/llama-server tok/s {s['output_throughput'] / peer['output_throughput']:.2f}, "
+                f"{dtype} c={conc}: {system}/llama-server tok/s {s['output_throughput'] / peer['output_throughput']:.2f}, "
                 f"TPOT {s['tpot_mean_ms'] / peer['tpot_mean_ms']:.2f}, TTFT {s['ttft_mean_ms'] / peer['ttft_mean_ms']:.2f}"
             )
         off = by.get((dtype, conc, "offline"))
