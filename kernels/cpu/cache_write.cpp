@@ -27,8 +27,20 @@ void copy_rows(const char* k, const char* v, int64_t k_stride, int64_t v_stride,
       std::memcpy(kd, ks, row * sizeof(dst_t));
       std::memcpy(vd, vs, row * sizeof(dst_t));
     } else {
-      for (int64_t i = 0; i < row; ++i) kd[i] = static_cast<dst_t>(static_cast<float>(ks[i]));
-      for (int64_t i = 0; i < row; ++i) vd[i] = static_cast<dst_t>(static_cast<float>(vs[i]));
+      int64_t i = 0;
+#if defined(PAGODA_VEC)
+      // Vector conversions (vec.h: exact widening, round-to-nearest-even
+      // narrowing): the scalar loop made the write 1.6x slower than the
+      // copy it replaces in a float32 model over a float16 cache.
+      for (; i + pagoda_cpu::kLanes <= row; i += pagoda_cpu::kLanes) {
+        pagoda_cpu::vstore(kd + i, pagoda_cpu::vload(ks + i));
+        pagoda_cpu::vstore(vd + i, pagoda_cpu::vload(vs + i));
+      }
+#endif
+      for (; i < row; ++i) {
+        kd[i] = static_cast<dst_t>(static_cast<float>(ks[i]));
+        vd[i] = static_cast<dst_t>(static_cast<float>(vs[i]));
+      }
     }
   }
 }
