@@ -10,6 +10,7 @@ themselves make n-gram drafts accepted, long runs of them.
 """
 
 import pytest
+import torch
 from pagoda.runtime import LLM, SamplingParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -166,3 +167,17 @@ def test_prefix_cache_hits_equal_with_and_without_speculation(base, ngram):
         llm.generate(again, SamplingParams(temperature=0, max_tokens=2))
         hits.append(core.scheduler.make_stats().prefix_cache_hits - before)
     assert hits[0] == hits[1] > 0
+
+
+def test_a_draft_model_over_a_float16_kv_cache_stays_exact():
+    """kv_cache_dtype reaches the draft's cache too (one block table serves
+    both): greedy output equals the same engine's without speculation."""
+    options = {**OPTIONS, "kv_cache_dtype": "float16"}
+    plain = tokens(LLM(**options).generate(PROMPTS, GREEDY))
+    llm = LLM(speculative_config=draft(3), **options)
+    runner = llm.engine.engine_core.executor.worker.runner
+    caches = runner.kv_caches + runner.spec.proposer.kv_caches
+    assert len(caches) == 30 + 4 and {c.dtype for c in caches} == {torch.float16}
+    assert tokens(llm.generate(PROMPTS, GREEDY)) == plain
+    assert spec_stats(llm).num_draft_tokens > 0
+    idle(llm)
