@@ -203,6 +203,10 @@ class ResourcesSpec(Model):
         return self
 
 
+# The runtime's dtype names (pagoda.runtime.config.DTYPES), for weights and KV cache.
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
 class EngineSpec(Model):
     """Engine arguments; unset fields take the runtime's own defaults."""
 
@@ -238,10 +242,8 @@ class EngineSpec(Model):
         le=4096,
         description="KV cache size in GiB on CPU-only pods (`--kv-cache-memory`).",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weight and activation dtype."
-    )
-    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+    dtype: Dtype = Field("auto", description="Weight and activation dtype.")
+    kv_cache_dtype: Dtype | None = Field(
         None,
         description="KV cache dtype (runtime default: auto, the model's). float16 or "
         "bfloat16 under float32 weights halve the cache's memory per token.",

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     from pagoda.runtime.spec_decode.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# The KV cache's dtype; auto is the model's. A 16-bit cache under a float32
-# model (llama.cpp's default, f16) halves what decode attention reads and
-# doubles the tokens a memory budget holds.
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The KV cache's dtype, by the same names; auto is the model's. A 16-bit
+# cache under a float32 model (llama.cpp's default, f16) halves what decode
+# attention reads and doubles the tokens a memory budget holds.
+KV_CACHE_DTYPES = DTYPES
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # Prefix-cache block keys: sha256 resists crafted collisions (vLLM's default
 # since CVE-2025-25183); builtin (Python's hash) is faster and only for

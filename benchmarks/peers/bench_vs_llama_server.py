@@ -189,6 +189,8 @@ def main() -> int:
     }
     shared = shared_prefix_dataset(32, 384, 32, 64, 1, 1, VOCAB, suffix_len_max=128)
     results: list[dict] = []
+    # System name -> pagoda's --kv-cache-dtype.
+    pagoda_kv = {"pagoda" if kv == "auto" else f"pagoda-kv-{kv}": kv for kv in ns.kv_cache_dtypes}
 
     def record(rnd, dtype, conc, system, data):
         results.append(
@@ -203,14 +205,14 @@ def main() -> int:
     for rnd in range(ns.rounds):
         for dtype in ns.dtypes:
             for conc in ns.concurrency:
-                systems = [*(pagoda_system(kv) for kv in ns.kv_cache_dtypes), "llama-server"]
+                systems = [*pagoda_kv, "llama-server"]
                 if rnd % 2:
                     systems.reverse()
                 for system in systems:
                     server = (
                         llama_server(dtype, conc, ns)
                         if system == "llama-server"
-                        else pagoda_server(dtype, conc, ns, kv_cache_flags(system))
+                        else pagoda_server(dtype, conc, ns, ["--kv-cache-dtype", pagoda_kv[system]])
                     )
                     try:
                         record(
@@ -262,15 +264,6 @@ def main() -> int:
         )
     )
     return 0
-
-
-def pagoda_system(kv_cache_dtype: str) -> str:
-    return "pagoda" if kv_cache_dtype == "auto" else f"pagoda-kv-{kv_cache_dtype}"
-
-
-def kv_cache_flags(system: str) -> list[str]:
-    kv = system.removeprefix("pagoda").removeprefix("-kv-") or "auto"
-    return ["--kv-cache-dtype", kv]
 
 
 def summarize(results: list[dict]) -> list[dict]:

@@ -30,8 +30,8 @@ class MemoryReport:
     num_blocks: int
     block_size: int
     max_model_len: int
+    kv_cache_dtype: str
     tensor_parallel_size: int = 1
-    kv_cache_dtype: str = ""
 
     @property
     def kv_cache_tokens(self) -> int:

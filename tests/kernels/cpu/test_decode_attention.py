@@ -118,7 +118,7 @@ def test_decodes_among_prefill_rows_and_two_threads(op):
         (torch.bfloat16, torch.float16),
     ],
 )
-@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("head_size", [64, 128, 80])  # 80: the scalar path
 def test_a_cache_in_another_dtype_than_the_model(op, dtype, cache_dtype, head_size):
     check(op, [1, 17, 100, 257], 2, 3, head_size, 16, dtype, cache_dtype=cache_dtype)
     threads = torch.get_num_threads()
