@@ -6,7 +6,6 @@ the front end (the API server process, or the offline `LLM` in-process).
 
 from __future__ import annotations
 
-import gc
 import logging
 from dataclasses import dataclass
 
@@ -68,11 +67,6 @@ class EngineCore:
         logger.info("Memory: %s", self.memory.summary())
         if config.speculative_config is not None:
             logger.info("Speculative decoding: %s", config.speculative_config.summary())
-        # Start-up objects (weights' metadata, the block pool's thousands of
-        # blocks) live forever: move them out of the collector's reach so
-        # full collections in the step loop stay short (as vLLM does).
-        gc.collect()
-        gc.freeze()
 
     def _init_kv_cache(self, config: EngineConfig) -> None:
         num_blocks = self.executor.determine_num_blocks()

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", max_model_len=256, max_num_seqs=16)
+    return LLM(dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_memory_gib=0.25)
 
 
 def _idle(llm: LLM) -> None:
@@ -83,8 +83,14 @@ def test_a_float16_kv_cache_holds_twice_the_tokens_and_decodes_alike(llm, prompt
     cache): the same memory budget holds twice the blocks, and greedy output
     follows the float32 cache's (the rounding is ~5e-4 relative)."""
     greedy = SamplingParams(temperature=0, max_tokens=16)
-    full = llm  # float32 weights and cache, the default 2 GiB budget
-    half = LLM(dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_dtype="float16")
+    full = llm  # float32 weights and cache, the same 0.25 GiB budget
+    half = LLM(
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=16,
+        kv_cache_memory_gib=0.25,
+        kv_cache_dtype="float16",
+    )
     # floor(budget / half-size block) is 2 floor(budget / block) or one more.
     blocks = half.engine.engine_core.memory.num_blocks, full.engine.engine_core.memory.num_blocks
     assert blocks[0] // 2 == blocks[1]
@@ -206,3 +212,27 @@ def test_unknown_model_and_unsupported_architecture_are_clear(tmp_path):
 def test_unknown_engine_option_is_rejected():
     with pytest.raises(TypeError, match="max_num_seq"):
         LLM(max_num_seq=4)
+
+
+def test_a_dropped_llm_frees_its_model_and_kv_cache():
+    """An in-process engine must not freeze its caller's heap (gc.freeze
+    belongs to the engine-core process): the layers' reference cycles
+    (parameter -> weight_loader -> layer) would outlive the engine, ~0.6 GB
+    of weights per LLM, enough to exhaust a test run that builds dozens."""
+    import gc
+    import weakref
+
+    llm = LLM(
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory_gib=0.05,
+        hf_overrides={"num_hidden_layers": 2},
+    )
+    llm.generate("Hello", SamplingParams(max_tokens=2))
+    runner = llm.engine.engine_core.executor.worker.runner
+    refs = [weakref.ref(m) for m in runner.model.modules()] + [
+        weakref.ref(c) for c in runner.kv_caches
+    ]
+    del llm, runner
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

@@ -15,7 +15,13 @@ PROMPTS = [
     " ".join(f"Item {i} is a fruit called apple number {i}." for i in range(6)) + " Summary:",
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
-OPTIONS = {"dtype": "float32", "max_model_len": 256, "enable_lora": True, "max_lora_rank": 8}
+OPTIONS = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "enable_lora": True,
+    "max_lora_rank": 8,
+    "kv_cache_memory_gib": 0.25,
+}
 
 
 def lora(adapters, name: str, lora_id: int) -> LoRARequest:

@@ -9,7 +9,13 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 PROMPTS = ["1, 2, 3, 4, 5, 6, 7, 8,", "The capital of France is"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
-OPTIONS = {"dtype": "float32", "max_model_len": 256, "enable_lora": True, "max_lora_rank": 8}
+OPTIONS = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "enable_lora": True,
+    "max_lora_rank": 8,
+    "kv_cache_memory_gib": 0.25,
+}
 
 
 def test_verification_applies_the_adapter(smollm2_adapters):

@@ -15,7 +15,9 @@ from pagoda.runtime import LLM, SamplingParams
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-OPTIONS = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 8}
+# A small KV budget (8 x 256 tokens need 94 MB): CI runs this module in one
+# process with up to four engines alive, each with a draft cache too.
+OPTIONS = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_gib": 0.25}
 REPEATING = [
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
     "Copy the list exactly.\nList: red, green, blue, yellow, purple, orange.\n"
