@@ -154,20 +154,48 @@ void store_normalized(scalar_t* o_base, int64_t o_head_stride, const float* acc,
   }
 }
 
-// Split-KV: with fewer requests than threads, a request's positions are
-// split over several threads (each part at least this many positions), and
-// the parts' softmax states are merged. Without it a batch-1 decode ran on
-// one of the two threads while the other waited (issue 13).
-constexpr int64_t kMinSplitPositions = 64;
+// A piece of one request's positions, [from, to), computed by thread `owner`.
+struct Segment {
+  int64_t req, from, to, owner;
+};
 
-// Per request: how many parts its positions are split into.
-std::vector<int64_t> kv_splits(const int32_t* lens, int64_t num_reqs, int64_t threads) {
-  std::vector<int64_t> splits(num_reqs, 1);
-  if (num_reqs >= threads) return splits;
-  const int64_t want = (threads + num_reqs - 1) / num_reqs;
-  for (int64_t r = 0; r < num_reqs; ++r)
-    splits[r] = std::max<int64_t>(1, std::min<int64_t>(want, lens[r] / kMinSplitPositions));
-  return splits;
+// A request is cut only into pieces of at least this many positions: each
+// piece costs a merge of softmax states.
+constexpr int64_t kMinSplitPositions = 32;
+
+// The requests' positions, in order, cut into `threads` runs of about equal
+// length. The work is per position, and splitting by request count left one
+// of two threads with 55% of the positions at 16 requests of 33-576 (the
+// other waited at the barrier); with fewer requests than threads a request
+// is split (split-KV), or a batch-1 decode ran on one thread of two. A cut
+// falls on a 16-position step (the vector loop's) and only where both pieces
+// keep kMinSplitPositions; with `cut` false, whole requests are balanced.
+std::vector<Segment> balanced_segments(const int32_t* lens, int64_t num_reqs, int64_t threads, bool cut) {
+  std::vector<Segment> segs;
+  int64_t total = 0;
+  for (int64_t r = 0; r < num_reqs; ++r) total += lens[r];
+  if (total == 0) return segs;
+  int64_t start = 0;  // request r's first position in the concatenation
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    const int64_t len = lens[r];
+    int64_t from = 0;
+    auto add = [&](int64_t to) {
+      // The thread whose run holds the piece's middle: runs are contiguous.
+      const int64_t twice_mid = 2 * (start + from) + (to - from);
+      const int64_t owner = std::min(threads - 1, twice_mid * threads / (2 * total));
+      segs.push_back({r, from, to, owner});
+      from = to;
+    };
+    for (int64_t t = 1; cut && t < threads; ++t) {
+      const int64_t boundary = total * t / threads - start;
+      if (boundary <= from || boundary >= len) continue;
+      const int64_t at = (boundary + 8) / 16 * 16;
+      if (at - from >= kMinSplitPositions && len - at >= kMinSplitPositions) add(at);
+    }
+    add(len);
+    start += len;
+  }
+  return segs;
 }
 
 template <typename scalar_t, typename cache_t>
@@ -208,22 +236,27 @@ void decode_attention_impl(
 #if defined(PAGODA_VEC)
   vector_path = head_size == 64 || head_size == 128;
 #endif
-  const std::vector<int64_t> splits =
-      vector_path ? kv_splits(lens, num_reqs, at::get_num_threads()) : std::vector<int64_t>(num_reqs, 1);
-  std::vector<int64_t> first(num_reqs + 1, 0);  // the first item of each request
-  for (int64_t r = 0; r < num_reqs; ++r) first[r + 1] = first[r] + splits[r];
-  const int64_t num_items = first[num_reqs];
-  // The softmax states of the parts of split requests, merged below.
-  const bool any_split = num_items > num_reqs;
-  std::vector<float> part_acc(any_split ? num_items * rows * head_size : 0);
-  std::vector<float> part_max(any_split ? num_items * rows : 0), part_sum(part_max.size());
+  const int64_t threads = at::get_num_threads();
+  const std::vector<Segment> segs = balanced_segments(lens, num_reqs, threads, vector_path);
+  const int64_t num_segs = static_cast<int64_t>(segs.size());
+  std::vector<int64_t> first(num_reqs + 1, 0);  // the first segment of each request
+  for (const Segment& seg : segs) first[seg.req + 1] += 1;
+  for (int64_t r = 0; r < num_reqs; ++r) first[r + 1] += first[r];
+  std::vector<int64_t> owned(threads + 1, 0);  // the first segment of each thread
+  for (const Segment& seg : segs) owned[seg.owner + 1] += 1;
+  for (int64_t t = 0; t < threads; ++t) owned[t + 1] += owned[t];
+  // The softmax states of the pieces of split requests, merged below.
+  const bool any_split = num_segs > num_reqs;
+  std::vector<float> part_acc(any_split ? num_segs * rows * head_size : 0);
+  std::vector<float> part_max(any_split ? num_segs * rows : 0), part_sum(part_max.size());
 
-  at::parallel_for(0, num_items, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, threads, 1, [&](int64_t thread_begin, int64_t thread_end) {
     FlushDenormals ftz;
     std::vector<float> q(rows * head_size), acc(rows * head_size), logits;
     std::vector<float> maxes(rows), sums(rows);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = std::upper_bound(first.begin(), first.end(), item) - first.begin() - 1;
+    for (int64_t item = owned[thread_begin]; item < owned[thread_end]; ++item) {
+      const Segment& seg = segs[item];
+      const int64_t r = seg.req;
       const int64_t len = lens[r];
       const int64_t tok = tokens[r];
       const int32_t* table = tables + r * table_stride;
@@ -236,17 +269,13 @@ void decode_attention_impl(
       {
         if (vector_path) {
           auto run = head_size == 64 ? decode_request_vec<cache_t, 64> : decode_request_vec<cache_t, 128>;
-          if (splits[r] == 1) {
+          if (first[r + 1] - first[r] == 1) {
             run(q.data(), k_cache, v_cache, table, 0, len, block_size, block_stride, row_stride,
                 num_kv_heads, group, acc.data(), maxes.data(), sums.data());
             store_normalized(o_base + tok * o_tok_stride, o_head_stride, acc.data(), sums.data(), rows,
                              head_size);
           } else {
-            // Parts of whole 16-position steps; a last part may be empty.
-            const int64_t part = item - first[r];
-            const int64_t chunk = (len + splits[r] * 16 - 1) / (splits[r] * 16) * 16;
-            const int64_t from = std::min(len, part * chunk), to = std::min(len, from + chunk);
-            run(q.data(), k_cache, v_cache, table, from, to, block_size, block_stride, row_stride,
+            run(q.data(), k_cache, v_cache, table, seg.from, seg.to, block_size, block_stride, row_stride,
                 num_kv_heads, group, part_acc.data() + item * rows * head_size,
                 part_max.data() + item * rows, part_sum.data() + item * rows);
           }
@@ -292,7 +321,7 @@ void decode_attention_impl(
   at::parallel_for(0, num_reqs, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(head_size);
     for (int64_t r = begin; r < end; ++r) {
-      if (splits[r] == 1) continue;
+      if (first[r + 1] - first[r] == 1) continue;
       for (int64_t j = 0; j < rows; ++j) {
         float m = kMasked;
         for (int64_t item = first[r]; item < first[r + 1]; ++item) m = std::max(m, part_max[item * rows + j]);

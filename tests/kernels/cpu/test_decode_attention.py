@@ -136,16 +136,20 @@ def test_long_context(op):
 @pytest.mark.parametrize(
     "threads, seq_lens",
     [
-        (2, [300]),  # batch 1 on two threads: two parts
-        (3, [200]),  # three parts, the last one shorter
-        (8, [64, 127, 128, 500]),  # 64 positions per part at least: 1, 1, 2, 2 parts
-        (16, [1100]),  # sixteen parts of 80 positions: the last two are empty
+        (2, [300]),  # batch 1 on two threads: two pieces
+        (3, [200]),  # three pieces, cut on 16-position steps
+        (2, [40]),  # too short to cut: one thread computes it
+        (8, [64, 127, 128, 500]),  # 819 positions over 8 threads: 500 is cut, the rest whole
+        (16, [1100]),  # sixteen pieces
         (16, [2000, 5]),  # a split request beside one too short to split
+        # Many requests: the threads' runs of positions cut a request each.
+        (2, [33, 576, 100, 17, 1, 300, 450, 64, 250, 96, 512, 40, 200, 380, 129, 60]),
+        (3, [1, 15, 16, 17, 33, 100, 257]),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 32)])
-def test_split_kv_when_requests_are_fewer_than_threads(
+def test_positions_split_evenly_over_threads(
     op, threads, seq_lens, dtype, head_size, block_size
 ):
     before = torch.get_num_threads()
