@@ -149,9 +149,7 @@ def test_long_context(op):
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_size, block_size", [(64, 16), (128, 32)])
-def test_positions_split_evenly_over_threads(
-    op, threads, seq_lens, dtype, head_size, block_size
-):
+def test_positions_split_evenly_over_threads(op, threads, seq_lens, dtype, head_size, block_size):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
