@@ -26,10 +26,12 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import os
 import platform
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,3 +174,97 @@ def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:
     if ext is None or not ext.linear_supported(dtype):
         return None
     return ext.pack_linear_weight, ext.packed_linear
+
+
+# bf16 linears of at least this many rows run widened to float32 (`packed_linear`'s
+# `widen_from_rows`); 0: never. Overrides the measured choice.
+WIDEN_ROWS_ENV = "PAGODA_CPU_BF16_WIDEN_ROWS"
+# The row counts the choice is measured at: a prefill step's, not a decode's.
+# A widened call converts the whole weight (a cost of N x K) to save on its
+# M x N x K products, so it pays from a few hundred rows: offline
+# `LLM.generate` of the issue-13 workload in bf16 ran 91.6 tok/s never
+# widening, 112.1 widening from 64 rows, 116.7 from 256 (docs/benchmarks.md).
+WIDEN_CANDIDATE_ROWS = (256, 512, 1024)
+
+
+def choose_widen_rows(timings: dict[int, tuple[float, float]], margin: float = 0.1) -> int:
+    """From `{rows: (pair seconds, widened seconds)}`, the fewest rows r at
+    which the widened call is faster by `margin`, and the calls of r rows
+    and more measured, taken together, too (one count's dip does not decide
+    alone); 0 where there is none."""
+    counts = sorted(timings)
+    for i, rows in enumerate(counts):
+        pairs, widened = timings[rows]
+        pairs_on = sum(timings[r][0] for r in counts[i:])
+        widened_on = sum(timings[r][1] for r in counts[i:])
+        if widened <= pairs * (1 - margin) and widened_on <= pairs_on * (1 - margin):
+            return rows
+    return 0
+
+
+def _measure_widening(
+    ext: object, features: int = 1024, reps: int = 9
+) -> dict[int, tuple[float, float]]:
+    """{rows: (pair seconds, widened seconds)} of one bf16 call, the fastest
+    of `reps` (the least disturbed by whatever else the machine runs)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(features, features, generator=gen).to(torch.bfloat16)
+    packed = ext.pack_linear_weight(weight)
+    timings = {}
+    for rows in WIDEN_CANDIDATE_ROWS:
+        x = torch.randn(rows, features, generator=gen).to(torch.bfloat16)
+        best = {0: float("inf"), rows: float("inf")}
+        for _ in range(reps + 1):  # the first round warms up
+            for widen in best:  # alternating, so that drift hits both
+                start = time.perf_counter()
+                ext.packed_linear(x, packed, features, None, widen)
+                best[widen] = min(best[widen], time.perf_counter() - start)
+        timings[rows] = (best[0], best[rows])
+    return timings
+
+
+@functools.cache
+def bf16_widen_rows() -> int:
+    """The `widen_from_rows` for this machine's bf16 linears: from how many
+    rows a call runs faster widened to float32 than as AVX512-BF16 pair dot
+    products (0: never; always 0 where bf16 is not run as pairs).
+
+    Where the pair instruction is fast (AMD Zen 4: bf16 ~2x float32) widening
+    loses 2x; where it is not (an Intel Xeon with AVX512-BF16 and no AMX:
+    155-160 against 220-270 GFLOP/s) it wins prefill steps. It is measured,
+    not guessed from the CPU's name, once per machine: the result is kept
+    beside the kernels' build (`build_directory()`), so every process of a
+    pod (tensor-parallel workers too) and every restart makes the same
+    choice, and results do not change with a timing's noise between runs.
+    `PAGODA_CPU_BF16_WIDEN_ROWS` overrides it."""
+    if os.environ.get(WIDEN_ROWS_ENV):
+        return max(0, int(os.environ[WIDEN_ROWS_ENV]))
+    ext = extension()
+    if ext is None or not ext.linear_bf16_pairs():
+        return 0
+    record = Path(ext.__file__).with_name("bf16_widen_rows.json")
+    return recorded_widen_rows(record, lambda: _measure_widening(ext))
+
+
+def recorded_widen_rows(record: Path, measure: Callable[[], dict[int, tuple[float, float]]]) -> int:
+    """The choice kept in `record`, or `measure()`d, chosen and kept there;
+    one process measures at a time (the others then read its record)."""
+    with open(record.with_suffix(".flock"), "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            return int(json.loads(record.read_text())["widen_from_rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not measured yet, or a damaged record: measure again
+        timings = measure()
+        chosen = choose_widen_rows(timings)
+        measured = {str(rows): list(pair) for rows, pair in timings.items()}
+        try:
+            record.write_text(
+                json.dumps({"widen_from_rows": chosen, "seconds_pairs_widened": measured})
+            )
+        except OSError as exc:  # a read-only cache: measured again by the next process
+            logger.warning("could not keep the bf16 linear choice in %s: %s", record, exc)
+    logger.info("bf16 linears widen to float32 from %d rows (0: never): %s", chosen, timings)
+    return chosen

@@ -22,9 +22,10 @@ at::Tensor embedding(at::Tensor ids, at::Tensor weight);
 void reshape_and_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
                        at::Tensor slot_mapping);
 bool linear_supported(at::ScalarType dtype);
+bool linear_bf16_pairs();
 at::Tensor pack_linear_weight(at::Tensor weight);
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
-                         c10::optional<at::Tensor> bias);
+                         c10::optional<at::Tensor> bias, int64_t widen_from_rows);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "Paged decode attention");
@@ -36,8 +37,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("embedding", &embedding, "weight[ids]: the token embedding's rows");
   m.def("linear_supported", &linear_supported, "Whether this CPU runs packed_linear in a dtype");
+  m.def("linear_bf16_pairs", &linear_bf16_pairs,
+        "Whether bf16 runs as AVX512-BF16 pair dot products (and can run widened instead)");
   m.def("pack_linear_weight", &pack_linear_weight, "[out, in] -> the layout packed_linear reads");
-  m.def("packed_linear", &packed_linear, "x W^T (+ bias) on a packed weight");
+  m.def("packed_linear", &packed_linear,
+        "x W^T (+ bias) on a packed weight; bf16 calls of at least widen_from_rows rows (> 0) "
+        "run widened to float32 where the CPU has AVX512-BF16",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias"),
+        py::arg("widen_from_rows") = 0);
   using pagoda_cpu::CpuGraph;
   py::class_<CpuGraph>(m, "CpuGraph", "The kernel calls of a forward pass, recorded and replayed")
       .def(py::init<>())

@@ -212,6 +212,51 @@ void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   });
 }
 
+#if defined(__AVX512BF16__)
+// The pair layout [panels][K/2][kPanel][2] widened to float32's
+// [panels][K][kPanel]: a pair's low halves are step k, its high halves step
+// k + 1 (a bf16 is a float's upper half, so widening is exact). Some CPUs
+// with AVX512-BF16 run its pair dot product at no more FLOPs than float32
+// FMAs (an Intel Xeon with AVX512-BF16 and no AMX: 155-160 GFLOP/s in bf16,
+// 220-270 in float32 at 256 rows, oneDNN's bf16 the same as ours), so there
+// a prefill-sized bf16 call widens the weight and the rows once and runs the
+// float32 tiles; the caller measures where that pays (`widen_from_rows`).
+at::Tensor widen_pair_panels(const at::Tensor& packed, int64_t K) {
+  const int64_t panels = packed.size(0), k_steps = packed.size(1);
+  auto wide = at::empty({panels, K, kPanel, 1}, packed.options().dtype(at::kFloat));
+  const auto* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
+  float* dst = wide.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t s = 0; s < k_steps; ++s) {
+        const uint32_t* pairs = src + (p * k_steps + s) * kPanel;
+        float* even = dst + (p * K + 2 * s) * kPanel;
+        const bool odd_row = 2 * s + 1 < K;  // K odd: the last pair's high half is padding
+        for (int64_t j = 0; j < kPanel; j += 16) {
+          const __m512i v = _mm512_loadu_si512(pairs + j);
+          _mm512_storeu_ps(even + j, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+          if (odd_row) _mm512_storeu_ps(even + kPanel + j, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
+        }
+      }
+    }
+  });
+  return wide;
+}
+
+// The bf16 call in float32: the rows and the weight widened, float32 tiles,
+// bias added in float and the sum rounded once, as the pair kernel does.
+void linear_rows_widened(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* bias,
+                         at::Tensor& out) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor wf = widen_pair_panels(packed, x.size(1));
+  const at::Tensor bf = bias != nullptr ? bias->to(at::kFloat) : at::Tensor();
+  at::Tensor of = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  linear_rows<Float32Step>(xf, wf, bias != nullptr ? &bf : nullptr, of);
+  out.copy_(of);
+}
+#endif  // __AVX512BF16__
+
 #else
 constexpr int64_t kPanel = 1;  // unused: no kernel without a vector type
 #endif  // PAGODA_VEC
@@ -238,6 +283,8 @@ int64_t per_step(at::ScalarType dtype) {
 
 bool linear_supported(at::ScalarType dtype) { return supported(dtype); }
 
+bool linear_bf16_pairs() { return per_step(at::kBFloat16) == 2; }
+
 at::Tensor pack_linear_weight(at::Tensor weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2, "weight must be a CPU [out, in] tensor");
   TORCH_CHECK(supported(weight.scalar_type()), "no packed linear for ", weight.scalar_type(),
@@ -251,7 +298,7 @@ at::Tensor pack_linear_weight(at::Tensor weight) {
 }
 
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
-                         c10::optional<at::Tensor> bias) {
+                         c10::optional<at::Tensor> bias, int64_t widen_from_rows) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
               "x must be a CPU [rows, in] tensor with contiguous rows");
   TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(2) == kPanel &&
@@ -274,9 +321,15 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
     const at::Tensor* b = bias.has_value() ? &*bias : nullptr;
 #if defined(PAGODA_VEC)
     if (x.scalar_type() == at::kFloat) linear_rows<Float32Step>(x, packed, b, out);
-    if (x.scalar_type() == at::kBFloat16) linear_rows<BFloat16Step>(x, packed, b, out);
+    if (x.scalar_type() == at::kBFloat16) {
+#if defined(__AVX512BF16__)
+      if (widen_from_rows > 0 && x.size(0) >= widen_from_rows) return linear_rows_widened(x, packed, b, out);
+#endif
+      linear_rows<BFloat16Step>(x, packed, b, out);
+    }
 #endif
     (void)b;
+    (void)widen_from_rows;
   });
   return out;
 }

@@ -7,7 +7,9 @@ Two kernels read a packed weight:
 
 - `pagoda` (`kernels/cpu/linear.cpp`), where the C++ extension builds and
   the CPU has AVX-512 or AVX2 with FMA (float32 and bf16; bf16 as pair dot
-  products on AVX512-BF16, widened to float32 elsewhere): at the 1-16 rows of
+  products on AVX512-BF16, widened to float32 elsewhere, and widened too for
+  prefill-sized calls where this machine measured that faster,
+  `pagoda.kernels.cpu.bf16_widen_rows`): at the 1-16 rows of
   a decode step it reads the weight 1.2-2.2x faster than oneDNN's call, and
   at 256-512 rows it is within 10% of it (docs/benchmarks.md). A model whose
   linears all run here can be replayed as a CPU graph; oneDNN's are torch
@@ -39,14 +41,24 @@ class PackedWeight:
     data: torch.Tensor
     out_features: int
     kernel: str  # "pagoda" or "onednn"
-    # pagoda's `packed_linear(x, data, out_features, bias)`, looked up once.
+    # pagoda's `packed_linear(x, data, out_features, bias, widen_from_rows)`,
+    # looked up once.
     op: Callable | None = None
+    # bf16 calls of at least this many rows run widened to float32 (0: never):
+    # `pagoda.kernels.cpu.bf16_widen_rows`, measured once per machine.
+    widen_rows: int = 0
 
 
 def _pagoda_ops(dtype: torch.dtype) -> tuple[Callable, Callable] | None:
     from pagoda.kernels import cpu as cpu_kernels
 
     return cpu_kernels.linear_ops(dtype)
+
+
+def _bf16_widen_rows() -> int:
+    from pagoda.kernels import cpu as cpu_kernels
+
+    return cpu_kernels.bf16_widen_rows()
 
 
 def onednn_available(dtype: torch.dtype) -> bool:
@@ -71,7 +83,10 @@ def pack(weight: torch.Tensor, batch_hint: int, kernel: str | None = None) -> Pa
     weight = weight.detach()
     ops = _pagoda_ops(weight.dtype) if kernel in (None, "pagoda") else None
     if ops is not None:
-        return PackedWeight(ops[0](weight.contiguous()), weight.shape[0], "pagoda", ops[1])
+        widen_rows = _bf16_widen_rows() if weight.dtype == torch.bfloat16 else 0
+        return PackedWeight(
+            ops[0](weight.contiguous()), weight.shape[0], "pagoda", ops[1], widen_rows
+        )
     if kernel == "pagoda":
         raise RuntimeError(f"no pagoda packed linear for {weight.dtype} on this machine")
     data = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
@@ -83,11 +98,11 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> 
     if packed.op is None:
         return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
     if x.dim() == 2 and x.stride(1) == 1:  # the model's activations: no reshape
-        return packed.op(x, packed.data, packed.out_features, bias)
+        return packed.op(x, packed.data, packed.out_features, bias, packed.widen_rows)
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = packed.op(rows, packed.data, packed.out_features, bias)
+    out = packed.op(rows, packed.data, packed.out_features, bias, packed.widen_rows)
     return out.view(*x.shape[:-1], packed.out_features)
 
 

@@ -3,7 +3,9 @@ K-block path, output and K tails, bias, strided rows, and bad input refused.
 
 Its sums are float32 in another order than F.linear's, rounded once to the
 output dtype: within half a unit in the last place of the output plus the
-float32 sum's error."""
+float32 sum's error. bf16 runs both ways where the CPU has AVX512-BF16: as
+pair dot products, and widened to float32 (`widen_from_rows`); elsewhere
+the argument is accepted and changes nothing."""
 
 from __future__ import annotations
 
@@ -54,52 +56,77 @@ SHAPES = [
 ]
 
 
+# widen_from_rows: 0 never widens bf16; 1 widens every call.
+WIDEN = pytest.mark.parametrize("widen", [0, 1], ids=["pairs", "widened"])
+
+
+@WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "out_features", "in_features"), SHAPES)
-def test_matches_a_float64_reference(ext, dtype, rows, out_features, in_features):
+def test_matches_a_float64_reference(ext, dtype, rows, out_features, in_features, widen):
     skip_unless_supported(ext, dtype)
     gen = torch.Generator().manual_seed(rows * 7919 + in_features)
     w = torch.randn(out_features, in_features, generator=gen).to(dtype)
     x = torch.randn(rows, in_features, generator=gen).to(dtype)
     packed = ext.pack_linear_weight(w)
-    got = ext.packed_linear(x, packed, out_features, None)
+    got = ext.packed_linear(x, packed, out_features, None, widen)
     assert got.shape == (rows, out_features) and got.dtype == dtype
     assert_close(got, reference(x, w), in_features)
 
 
+@WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_bias_is_added_before_the_one_rounding(ext, dtype):
+def test_bias_is_added_before_the_one_rounding(ext, dtype, widen):
     skip_unless_supported(ext, dtype)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(100, 48, generator=gen).to(dtype)
     b = (10 * torch.randn(100, generator=gen)).to(dtype)
     x = torch.randn(9, 48, generator=gen).to(dtype)
-    got = ext.packed_linear(x, ext.pack_linear_weight(w), 100, b)
+    got = ext.packed_linear(x, ext.pack_linear_weight(w), 100, b, widen)
     assert_close(got, reference(x, w, b), 48)
 
 
+@WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_with_a_stride_and_no_rows(ext, dtype):
+def test_rows_with_a_stride_and_no_rows(ext, dtype, widen):
     skip_unless_supported(ext, dtype)
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(64, 40, generator=gen).to(dtype)
     wide = torch.randn(11, 100, generator=gen).to(dtype)
     x = wide[:, 30:70]  # rows 100 apart, e.g. q of a fused qkv
     packed = ext.pack_linear_weight(w)
-    assert_close(ext.packed_linear(x, packed, 64, None), reference(x, w), 40)
-    assert ext.packed_linear(x[:0], packed, 64, None).shape == (0, 64)
+    assert_close(ext.packed_linear(x, packed, 64, None, widen), reference(x, w), 40)
+    assert ext.packed_linear(x[:0], packed, 64, None, widen).shape == (0, 64)
 
 
+@WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_padding_never_reaches_the_output(ext, dtype):
+def test_padding_never_reaches_the_output(ext, dtype, widen):
     skip_unless_supported(ext, dtype)
     # An odd K: bf16 reads x in pairs, and the element past each row is NaN
     # here; the kernel must not read it (NaN times the zero padding is NaN).
     w = torch.ones(65, 3, dtype=dtype)
     storage = torch.full((2, 4), float("nan"), dtype=dtype)
     x = storage[:, :3].fill_(1.0)
-    out = ext.packed_linear(x, ext.pack_linear_weight(w), 65, None)
+    out = ext.packed_linear(x, ext.pack_linear_weight(w), 65, None, widen)
     assert torch.equal(out, torch.full((2, 65), 3.0, dtype=dtype))
+
+
+def test_bf16_widens_only_from_its_row_count(ext):
+    skip_unless_supported(ext, torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(200, 301, generator=gen).to(torch.bfloat16)
+    x = torch.randn(40, 301, generator=gen).to(torch.bfloat16)
+    packed = ext.pack_linear_weight(w)
+    pairs = ext.packed_linear(x, packed, 200, None, 0)
+    widened = ext.packed_linear(x, packed, 200, None, 1)
+    # Below its threshold a call runs as it would never widen: the same bits.
+    assert torch.equal(ext.packed_linear(x, packed, 200, None, 41), pairs)
+    assert torch.equal(ext.packed_linear(x, packed, 200, None, 40), widened)
+    # The two ways sum in other orders: equal up to the output's rounding.
+    torch.testing.assert_close(widened, pairs, rtol=2**-7, atol=1e-2)
+    if not ext.linear_bf16_pairs():  # bf16 is widened either way here
+        assert torch.equal(widened, pairs)
 
 
 def test_bad_input_is_refused(ext):
