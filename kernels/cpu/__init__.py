@@ -235,7 +235,8 @@ def bf16_widen_rows() -> int:
     loses 2x; where it is not (an Intel Xeon with AVX512-BF16 and no AMX:
     155-160 against 220-270 GFLOP/s) it wins prefill steps. It is measured,
     not guessed from the CPU's name, once per machine: the result is kept
-    beside the kernels' build (`build_directory()`), so every process of a
+    beside the loaded extension (in its `build_directory()`, which is per
+    CPU, torch and source version), so every process of a
     pod (tensor-parallel workers too) and every restart makes the same
     choice, and results do not change with a timing's noise between runs.
     `PAGODA_CPU_BF16_WIDEN_ROWS` overrides it."""

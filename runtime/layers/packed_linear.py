@@ -55,12 +55,6 @@ def _pagoda_ops(dtype: torch.dtype) -> tuple[Callable, Callable] | None:
     return cpu_kernels.linear_ops(dtype)
 
 
-def _bf16_widen_rows() -> int:
-    from pagoda.kernels import cpu as cpu_kernels
-
-    return cpu_kernels.bf16_widen_rows()
-
-
 def onednn_available(dtype: torch.dtype) -> bool:
     """Whether torch's oneDNN runs packed linears in `dtype` on this CPU."""
     if not torch.backends.mkldnn.is_available():
@@ -83,7 +77,9 @@ def pack(weight: torch.Tensor, batch_hint: int, kernel: str | None = None) -> Pa
     weight = weight.detach()
     ops = _pagoda_ops(weight.dtype) if kernel in (None, "pagoda") else None
     if ops is not None:
-        widen_rows = _bf16_widen_rows() if weight.dtype == torch.bfloat16 else 0
+        from pagoda.kernels import cpu as cpu_kernels
+
+        widen_rows = cpu_kernels.bf16_widen_rows() if weight.dtype == torch.bfloat16 else 0
         return PackedWeight(
             ops[0](weight.contiguous()), weight.shape[0], "pagoda", ops[1], widen_rows
         )
