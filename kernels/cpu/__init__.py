@@ -168,8 +168,9 @@ def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:
     """`(pack_linear_weight(weight), packed_linear(x, packed, out_features,
     bias))` for a torch dtype, or None where the extension cannot be built or
     this CPU has no kernel for the dtype (both need AVX-512 or AVX2 with FMA;
-    bfloat16 runs as pair dot products on AVX512-BF16 and is widened to
-    float32 elsewhere)."""
+    bfloat16 runs as pair dot products on AVX512-BF16, or as float32 FMAs on
+    the same layout widened in registers from `bf16_widen_rows()` rows, and
+    is widened to float32 elsewhere)."""
     ext = extension()
     if ext is None or not ext.linear_supported(dtype):
         return None
@@ -179,12 +180,12 @@ def linear_ops(dtype: object) -> tuple[Callable, Callable] | None:
 # bf16 linears of at least this many rows run widened to float32 (`packed_linear`'s
 # `widen_from_rows`); 0: never. Overrides the measured choice.
 WIDEN_ROWS_ENV = "PAGODA_CPU_BF16_WIDEN_ROWS"
-# The row counts the choice is measured at: a prefill step's, not a decode's.
-# A widened call converts the whole weight (a cost of N x K) to save on its
-# M x N x K products, so it pays from a few hundred rows: offline
-# `LLM.generate` of the issue-13 workload in bf16 ran 91.6 tok/s never
-# widening, 112.1 widening from 64 rows, 116.7 from 256 (docs/benchmarks.md).
-WIDEN_CANDIDATE_ROWS = (256, 512, 1024)
+# The row counts the choice is measured at, from a decode step's to a
+# prefill's. Widening in registers costs two instructions per weight vector
+# per row tile, so where it wins at all it wins from a few rows: on an Intel
+# Xeon with AVX512-BF16 and no AMX, 1.1x at 2 rows, 1.3x at 4, 1.4-1.6x
+# from 16, and 0.8-0.9x at 1 row, where a call is a read of the weight.
+WIDEN_CANDIDATE_ROWS = (2, 4, 16, 64, 256)
 
 
 def choose_widen_rows(timings: dict[int, tuple[float, float]], margin: float = 0.1) -> int:
@@ -228,12 +229,14 @@ def _measure_widening(
 @functools.cache
 def bf16_widen_rows() -> int:
     """The `widen_from_rows` for this machine's bf16 linears: from how many
-    rows a call runs faster widened to float32 than as AVX512-BF16 pair dot
-    products (0: never; always 0 where bf16 is not run as pairs).
+    rows a call runs faster as float32 FMAs on the weight widened in
+    registers than as AVX512-BF16 pair dot products (0: never; always 0
+    where bf16 is not run as pairs).
 
-    Where the pair instruction is fast (AMD Zen 4: bf16 ~2x float32) widening
-    loses 2x; where it is not (an Intel Xeon with AVX512-BF16 and no AMX:
-    155-160 against 220-270 GFLOP/s) it wins prefill steps. It is measured,
+    Where the pair instruction is fast (AMD Zen 4: bf16 ~2x float32)
+    widening loses; where it is not (an Intel Xeon with AVX512-BF16 and no
+    AMX: pairs at 120-180 GFLOP/s, widened 165-290 at 16-256 rows) it wins
+    from a few rows. It is measured,
     not guessed from the CPU's name, once per machine: the result is kept
     beside the loaded extension (in its `build_directory()`, which is per
     CPU, torch and source version), so every process of a

@@ -41,8 +41,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Whether bf16 runs as AVX512-BF16 pair dot products (and can run widened instead)");
   m.def("pack_linear_weight", &pack_linear_weight, "[out, in] -> the layout packed_linear reads");
   m.def("packed_linear", &packed_linear,
-        "x W^T (+ bias) on a packed weight; bf16 calls of at least widen_from_rows rows (> 0) "
-        "run widened to float32 where the CPU has AVX512-BF16",
+        "x W^T (+ bias) on a packed weight; where the CPU has AVX512-BF16, bf16 calls of at "
+        "least widen_from_rows rows (> 0) run as float32 FMAs on the pair layout widened in "
+        "registers, the others as pair dot products",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias"),
         py::arg("widen_from_rows") = 0);
   using pagoda_cpu::CpuGraph;

@@ -24,6 +24,11 @@
 // Sums are float32 and rounded once to the output dtype (bias added first),
 // as oneDNN's bf16 linear does; the order of the sum differs, so results
 // differ from F.linear's at rounding level.
+//
+// Where a tile widens bf16 weights as it reads them, its rows are float32:
+// a call converts its bf16 rows once (M x K, against its M x N x K
+// products), so that each row value is one broadcast operand of its FMAs
+// rather than a scalar conversion per use.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -56,15 +61,22 @@ constexpr int64_t kBlockBytes = kLanes == 16 ? 256 * 1024 : 16 * 1024;
 // tile otherwise waits on memory for every line, then computes.
 constexpr int64_t kPrefetchBytes = kLanes == 16 ? 0 : 16 * 1024;
 
-// One K step of one row: the panel's vectors times the row's value(s).
+// One K step of one row tile: the panel's vectors (WVec, as `load` gives
+// them) times each row's value(s) (XVec, as `broadcast` gives them). T is
+// the layer's dtype (weight, bias, output), X the type the tile reads the
+// rows in.
+//
 // float32, and bf16 where the CPU has no bf16 dot product: one K element
-// per step, the weight widened to float as it is loaded.
+// per step, the weight widened to float as it is loaded, the rows float32.
 template <typename T_>
 struct WideningStep {
   using T = T_;
+  using X = float;
+  using WVec = vfloat;
+  using XVec = vfloat;
   static constexpr int64_t kPerStep = 1;  // K elements per step
-  static vfloat broadcast(const T* x, int64_t k) { return pagoda_cpu::vset1(static_cast<float>(x[k])); }
-  static vfloat broadcast_last(const T* x, int64_t k) { return broadcast(x, k); }
+  static vfloat broadcast(const float* x, int64_t k) { return pagoda_cpu::vset1(x[k]); }
+  static vfloat broadcast_last(const float* x, int64_t k) { return broadcast(x, k); }
   static vfloat load(const T* w) { return pagoda_cpu::vload(w); }
   static vfloat fma(vfloat acc, vfloat xv, vfloat wv) { return pagoda_cpu::vfma(xv, wv, acc); }
   static constexpr int64_t kVectorElems = kLanes;  // panel elements per vector
@@ -73,6 +85,9 @@ struct WideningStep {
 #if defined(__AVX512BF16__)
 struct BFloat16PairStep {
   using T = at::BFloat16;
+  using X = at::BFloat16;
+  using WVec = __m512;
+  using XVec = __m512;
   static constexpr int64_t kPerStep = 2;
   // The pair (x[k], x[k+1]) as one 32-bit lane, low half first.
   static __m512 broadcast(const at::BFloat16* x, int64_t k) {
@@ -93,6 +108,39 @@ struct BFloat16PairStep {
   }
   static constexpr int64_t kVectorElems = 32;  // 16 outputs x 2 K
 };
+
+// The pair layout read as float32 FMAs: a pair vector's low halves are
+// step k's 16 weights, its high halves step k + 1's (a bf16 is a float's
+// upper half, so widening is exact: a shift, a mask), against float32 rows.
+// Some CPUs with AVX512-BF16 run the pair dot product at no more FLOPs than
+// float32 FMAs: on an Intel Xeon with AVX512-BF16 and no AMX, vdpbf16ps gave
+// 120-180 GFLOP/s at 16-256 rows where this step gave 165-290 (SmolLM2's
+// shapes, docs/benchmarks.md); there a call of `widen_from_rows` rows or
+// more runs this step, the caller having measured where it pays.
+struct BFloat16WidenedPairStep {
+  using T = at::BFloat16;
+  using X = float;
+  struct WVec {
+    __m512 low, high;
+  };
+  struct XVec {
+    __m512 low, high;
+  };
+  static constexpr int64_t kPerStep = 2;
+  static XVec broadcast(const float* x, int64_t k) { return {_mm512_set1_ps(x[k]), _mm512_set1_ps(x[k + 1])}; }
+  // The last step of an odd K: x[k + 1] is past the row (the weight's
+  // padding there is zero).
+  static XVec broadcast_last(const float* x, int64_t k) { return {_mm512_set1_ps(x[k]), _mm512_setzero_ps()}; }
+  static WVec load(const at::BFloat16* w) {
+    const __m512i v = _mm512_loadu_si512(w);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+  }
+  static __m512 fma(__m512 acc, XVec xv, WVec wv) {
+    return _mm512_fmadd_ps(xv.high, wv.high, _mm512_fmadd_ps(xv.low, wv.low, acc));
+  }
+  static constexpr int64_t kVectorElems = 32;  // 16 outputs x 2 K
+};
 using BFloat16Step = BFloat16PairStep;
 #else
 using BFloat16Step = WideningStep<at::BFloat16>;
@@ -101,7 +149,7 @@ using Float32Step = WideningStep<float>;
 
 // acc[r][0..kPanel) (+)= x[r][k0..k1) . panel; `panel` points at step k0.
 template <typename Step, int R>
-void tile(const typename Step::T* x, int64_t x_stride, int64_t K, const typename Step::T* panel,
+void tile(const typename Step::X* x, int64_t x_stride, int64_t K, const typename Step::T* panel,
           int64_t k0, int64_t k1, float* acc, bool accumulate) {
   using T = typename Step::T;
   vfloat c[R][kPanelVecs];
@@ -115,18 +163,18 @@ void tile(const typename Step::T* x, int64_t x_stride, int64_t K, const typename
   // The panel's vectors are loaded (and widened) once per step, for every row.
   for (; k < whole_end; k += Step::kPerStep, w += kPanelVecs * Step::kVectorElems) {
     if constexpr (kPrefetchBytes > 0) _mm_prefetch(reinterpret_cast<const char*>(w) + kPrefetchBytes, _MM_HINT_T1);
-    vfloat wv[kPanelVecs];
+    typename Step::WVec wv[kPanelVecs];
     for (int j = 0; j < kPanelVecs; ++j) wv[j] = Step::load(w + j * Step::kVectorElems);
     for (int r = 0; r < R; ++r) {
-      const vfloat xv = Step::broadcast(x + r * x_stride, k);
+      const typename Step::XVec xv = Step::broadcast(x + r * x_stride, k);
       for (int j = 0; j < kPanelVecs; ++j) c[r][j] = Step::fma(c[r][j], xv, wv[j]);
     }
   }
   if (k < k1) {
-    vfloat wv[kPanelVecs];
+    typename Step::WVec wv[kPanelVecs];
     for (int j = 0; j < kPanelVecs; ++j) wv[j] = Step::load(w + j * Step::kVectorElems);
     for (int r = 0; r < R; ++r) {
-      const vfloat xv = Step::broadcast_last(x + r * x_stride, k);
+      const typename Step::XVec xv = Step::broadcast_last(x + r * x_stride, k);
       for (int j = 0; j < kPanelVecs; ++j) c[r][j] = Step::fma(c[r][j], xv, wv[j]);
     }
   }
@@ -135,7 +183,7 @@ void tile(const typename Step::T* x, int64_t x_stride, int64_t K, const typename
 }
 
 template <typename Step>
-void tile_rows(int rows, const typename Step::T* x, int64_t x_stride, int64_t K,
+void tile_rows(int rows, const typename Step::X* x, int64_t x_stride, int64_t K,
                const typename Step::T* panel, int64_t k0, int64_t k1, float* acc, bool accumulate) {
   switch (rows) {
     case 6: return tile<Step, 6>(x, x_stride, K, panel, k0, k1, acc, accumulate);
@@ -166,9 +214,11 @@ void store_rows(const float* acc, int64_t rows, const T* bias, int64_t n0, int64
 }
 
 template <typename Step>
-void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* bias,
+void linear_rows(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor* bias,
                  at::Tensor& out) {
   using T = typename Step::T;
+  using X = typename Step::X;
+  const at::Tensor x = x_in.to(c10::CppTypeToScalarType<X>::value);  // none where x is X already
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   const int64_t panels = packed.size(0);
   const int64_t k_padded = ceil_div(K, Step::kPerStep) * Step::kPerStep;
@@ -177,7 +227,7 @@ void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   const int64_t block_k = std::max<int64_t>(
       Step::kPerStep, kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(T))) / Step::kPerStep *
                           Step::kPerStep);
-  const T* xs = x.data_ptr<T>();
+  const X* xs = x.data_ptr<X>();
   const T* ws = packed.data_ptr<T>();
   const T* bs = bias != nullptr ? bias->data_ptr<T>() : nullptr;
   T* os = out.data_ptr<T>();
@@ -212,50 +262,6 @@ void linear_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor
   });
 }
 
-#if defined(__AVX512BF16__)
-// The pair layout [panels][K/2][kPanel][2] widened to float32's
-// [panels][K][kPanel]: a pair's low halves are step k, its high halves step
-// k + 1 (a bf16 is a float's upper half, so widening is exact). Some CPUs
-// with AVX512-BF16 run its pair dot product at no more FLOPs than float32
-// FMAs (an Intel Xeon with AVX512-BF16 and no AMX: 155-160 GFLOP/s in bf16,
-// 220-270 in float32 at 256 rows, oneDNN's bf16 the same as ours), so there
-// a prefill-sized bf16 call widens the weight and the rows once and runs the
-// float32 tiles; the caller measures where that pays (`widen_from_rows`).
-at::Tensor widen_pair_panels(const at::Tensor& packed, int64_t K) {
-  const int64_t panels = packed.size(0), k_steps = packed.size(1);
-  auto wide = at::empty({panels, K, kPanel, 1}, packed.options().dtype(at::kFloat));
-  const auto* src = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
-  float* dst = wide.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-    for (int64_t p = begin; p < end; ++p) {
-      for (int64_t s = 0; s < k_steps; ++s) {
-        const uint32_t* pairs = src + (p * k_steps + s) * kPanel;
-        float* even = dst + (p * K + 2 * s) * kPanel;
-        const bool odd_row = 2 * s + 1 < K;  // K odd: the last pair's high half is padding
-        for (int64_t j = 0; j < kPanel; j += 16) {
-          const __m512i v = _mm512_loadu_si512(pairs + j);
-          _mm512_storeu_ps(even + j, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-          if (odd_row) _mm512_storeu_ps(even + kPanel + j, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
-        }
-      }
-    }
-  });
-  return wide;
-}
-
-// The bf16 call in float32: the rows and the weight widened, float32 tiles,
-// bias added in float and the sum rounded once, as the pair kernel does.
-void linear_rows_widened(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* bias,
-                         at::Tensor& out) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor wf = widen_pair_panels(packed, x.size(1));
-  const at::Tensor bf = bias != nullptr ? bias->to(at::kFloat) : at::Tensor();
-  at::Tensor of = at::empty(out.sizes(), out.options().dtype(at::kFloat));
-  linear_rows<Float32Step>(xf, wf, bias != nullptr ? &bf : nullptr, of);
-  out.copy_(of);
-}
-#endif  // __AVX512BF16__
 
 #else
 constexpr int64_t kPanel = 1;  // unused: no kernel without a vector type
@@ -323,7 +329,8 @@ at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
     if (x.scalar_type() == at::kFloat) linear_rows<Float32Step>(x, packed, b, out);
     if (x.scalar_type() == at::kBFloat16) {
 #if defined(__AVX512BF16__)
-      if (widen_from_rows > 0 && x.size(0) >= widen_from_rows) return linear_rows_widened(x, packed, b, out);
+      if (widen_from_rows > 0 && x.size(0) >= widen_from_rows)
+        return linear_rows<BFloat16WidenedPairStep>(x, packed, b, out);
 #endif
       linear_rows<BFloat16Step>(x, packed, b, out);
     }

@@ -7,9 +7,9 @@ Two kernels read a packed weight:
 
 - `pagoda` (`kernels/cpu/linear.cpp`), where the C++ extension builds and
   the CPU has AVX-512 or AVX2 with FMA (float32 and bf16; bf16 as pair dot
-  products on AVX512-BF16, widened to float32 elsewhere, and widened too for
-  prefill-sized calls where this machine measured that faster,
-  `pagoda.kernels.cpu.bf16_widen_rows`): at the 1-16 rows of
+  products on AVX512-BF16, widened to float32 elsewhere, and widened in
+  registers there too from the row count where this machine measured that
+  faster, `pagoda.kernels.cpu.bf16_widen_rows`): at the 1-16 rows of
   a decode step it reads the weight 1.2-2.2x faster than oneDNN's call, and
   at 256-512 rows it is within 10% of it (docs/benchmarks.md). A model whose
   linears all run here can be replayed as a CPU graph; oneDNN's are torch
@@ -44,7 +44,7 @@ class PackedWeight:
     # pagoda's `packed_linear(x, data, out_features, bias, widen_from_rows)`,
     # looked up once.
     op: Callable | None = None
-    # bf16 calls of at least this many rows run widened to float32 (0: never):
+    # bf16 calls of at least this many rows run as float32 FMAs (0: never):
     # `pagoda.kernels.cpu.bf16_widen_rows`, measured once per machine.
     widen_rows: int = 0
 
