@@ -68,7 +68,7 @@ constexpr int64_t kBlockBytes = kLanes == 16 ? 256 * 1024 : 16 * 1024;
 // float32 42.5-42.9 against 38.5. The exception is one row of float32 on
 // AVX-512, a plain read the hardware prefetcher already keeps busy: 15.7
 // against 16.4 ms with it. AVX2 (16 KB blocks, kept in L1) prefetches in
-// every call, as measured when its kernel was written.
+// every call, as it did (16 KB ahead) when its kernel was measured.
 template <typename T>
 bool prefetch_next_block(int64_t rows) {
   if constexpr (kLanes == 8) return true;
@@ -264,7 +264,8 @@ void linear_rows(const at::Tensor& x_in, const at::Tensor& packed, const at::Ten
   const bool chunk_major = M > N;
   // What a thread reads after block [k0, k1) of panel p: the rest of the
   // panel, or the next panel, which follows it in memory (the next task's
-  // in panel-major order; at a chunk's last panel, none). The first two row
+  // in either order, but at a row chunk's end in chunk-major; none past the
+  // weight's end). The first two row
   // tiles fetch it: by the third it has arrived, and in a prefill step's 16
   // tiles a block the prefetches of every tile cost float32 1-3% at 256
   // rows.
