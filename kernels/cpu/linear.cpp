@@ -63,11 +63,11 @@ constexpr int64_t kBlockBytes = kLanes == 16 ? 256 * 1024 : 16 * 1024;
 // decode step: the next panel's) into L2 while they compute on this one.
 // Without it a block's first tile waits on memory for every line, and its
 // later tiles compute while memory idles: a 16-row bf16 decode step of
-// SmolLM2 on an Intel Xeon (AVX-512) took 33.2-33.8 ms in the model
-// forward without, 29.5 with, and its LM head 5.2-5.3 ms against 4.2;
-// float32 42.5-42.9 against 38.5. The exception is one row of float32 on
-// AVX-512, a plain read the hardware prefetcher already keeps busy: 15.7
-// against 16.4 ms with it. AVX2 (16 KB blocks, kept in L1) prefetches in
+// SmolLM2 on an Intel Xeon (AVX-512) took 32.0-32.5 ms in the model
+// forward without, 29.0-29.4 with, and its LM head 5.1-5.2 ms against
+// 4.1-4.2; float32 41.4-42.4 against 36.5-37.7. The exception is one row
+// of float32 on AVX-512, a plain read the hardware prefetcher already
+// keeps busy: 15.7 against 16.4 ms when every tile prefetched it. AVX2 (16 KB blocks, kept in L1) prefetches in
 // every call, as it did (16 KB ahead) when its kernel was measured.
 template <typename T>
 bool prefetch_next_block(int64_t rows) {
