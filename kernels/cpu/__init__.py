@@ -185,7 +185,12 @@ WIDEN_ROWS_ENV = "PAGODA_CPU_BF16_WIDEN_ROWS"
 # per row tile, so where it wins at all it wins from a few rows: on an Intel
 # Xeon with AVX512-BF16 and no AMX, 1.1x at 2 rows, 1.3x at 4, 1.4-1.6x
 # from 16, and 0.8-0.9x at 1 row, where a call is a read of the weight.
-WIDEN_CANDIDATE_ROWS = (2, 4, 16, 64, 256)
+# Each is one more than a power of two: a decode step of b requests replays
+# the CPU graph of the smallest captured size >= b (1, 2, 4, 8, 16), and
+# the two ways round differently, so a threshold must not fall between a
+# batch and its graph's size (at 4, an eager step of 3 rows ran as pairs and
+# its graph's 4 rows widened: the replay's logprobs differed from eager).
+WIDEN_CANDIDATE_ROWS = (2, 5, 17, 65, 257)
 
 
 def choose_widen_rows(timings: dict[int, tuple[float, float]], margin: float = 0.1) -> int:

@@ -66,3 +66,17 @@ def test_the_environment_overrides_the_measurement(monkeypatch):
         assert bf16_widen_rows() == 0
     finally:
         bf16_widen_rows.cache_clear()
+
+
+@pytest.mark.parametrize("max_num_seqs", range(1, 65))
+def test_no_threshold_falls_between_a_batch_and_its_graph(max_num_seqs):
+    # A decode step of b requests replays the graph of the smallest captured
+    # size >= b; the two bf16 ways round differently, so both must take the
+    # same way, or a replay differs from the eager step.
+    from pagoda.runtime.worker.decode_graph import default_capture_sizes
+
+    sizes = default_capture_sizes(max_num_seqs, "cpu")
+    for threshold in cpu_kernels.WIDEN_CANDIDATE_ROWS:
+        for batch in range(1, max(sizes) + 1):
+            graph = min(s for s in sizes if s >= batch)
+            assert (batch >= threshold) == (graph >= threshold), (threshold, batch, graph)
