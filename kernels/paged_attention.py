@@ -305,8 +305,15 @@ def paged_attention_triton(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Triton launch of `paged_attention` (see `pagoda.kernels.ops`)."""
+    """Triton launch of `paged_attention` (see `pagoda.kernels.ops`).
+
+    `num_splits`, `tile_n`, `num_warps` and `num_stages` override the launch
+    heuristics; benchmarks/kernels/bench_decode_attention.py sweeps them.
+    """
     num_tokens, num_heads, head_size = query.shape
     _, _, block_size, num_kv_heads, cache_head_size = kv_cache.shape
     assert cache_head_size == head_size and num_heads % num_kv_heads == 0
@@ -328,7 +335,12 @@ def paged_attention_triton(
         block_m = max(64, triton.next_power_of_2(group))
         block_q = block_m // group
         num_q_blocks = num_tokens // block_q + num_reqs
-    tile_n = 64 if head_pad <= 128 else 32
+    if tile_n is None:
+        tile_n = 64 if head_pad <= 128 else 32
+    if num_warps is None:
+        num_warps = 4
+    if num_stages is None:
+        num_stages = 3 if decode_only else 2
     if num_splits is None:
         num_splits = choose_num_splits(
             num_q_blocks, num_kv_heads, max_seq_len, _num_sms(query.device)
@@ -380,8 +392,8 @@ def paged_attention_triton(
         DECODE_ONLY=decode_only,
         DOT_F32=dot_f32,
         PRECISION=precision,
-        num_warps=4,
-        num_stages=3 if decode_only else 2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_heads)](
