@@ -74,7 +74,7 @@ serve)
         --gpu-memory-utilization 0.9 --max-model-len 4096 >"$OUT/server.log" 2>&1 &
     server=$!
     for _ in $(seq 120); do
-        curl -sf localhost:8011/health >/dev/null 2>&1 && break
+        python3 -c "import urllib.request as u; u.urlopen('http://localhost:8011/health', timeout=2)" 2>/dev/null && break
         kill -0 $server 2>/dev/null || break
         sleep 1
     done
