@@ -3,21 +3,23 @@
 #
 #   bash benchmarks/gpu/device_checks.sh [steps...]     (default: all)
 #
-# steps: env tests kernel sweep e2e serve. Each runs under its own timeout so a
-# hang costs one step, not the call; logs and JSON go to $OUT (the device tool
-# brings that folder back). The machine has torch and triton but not the
+# steps: env tests kernel e2e serve sweep profile. Each runs under its own
+# timeout so a hang costs one step, not the call; logs and JSON go to $LOGS,
+# packed after every step into $OUT/logs.tgz (the device tool brings back a
+# few files of $OUT only). The machine has torch and triton but not the
 # server's packages: they travel as wheels in .whl/ (carry it), and pagoda is
 # put on the path as a folder of links rather than installed.
 set -u
 OUT=${OUT:-/tmp/pagoda-device-out}
-mkdir -p "$OUT"
+LOGS=/tmp/pagoda-logs
+mkdir -p "$OUT" "$LOGS"
 STEPS=${*:-env tests kernel e2e serve sweep}
 export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 ROOT=$PWD
 
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+        --target /tmp/site .whl/*.whl >"$LOGS/pip.log" 2>&1 || { cat "$LOGS/pip.log"; exit 1; }
 fi
 mkdir -p /tmp/pkg/pagoda
 cp _pagoda/*.py /tmp/pkg/pagoda/
@@ -29,10 +31,11 @@ step() {  # step NAME SECONDS COMMAND...: run, log, report the exit code
     local name=$1 secs=$2; shift 2
     local t0=$SECONDS
     echo "=== $name (limit ${secs}s)"
-    timeout --kill-after=5 "$secs" "$@" >"$OUT/$name.log" 2>&1
+    timeout --kill-after=5 "$secs" "$@" >"$LOGS/$name.log" 2>&1
     local rc=$?
     echo "=== $name rc=$rc in $((SECONDS - t0))s"
-    echo "$name rc=$rc $((SECONDS - t0))s" >>"$OUT/summary.txt"
+    echo "$name rc=$rc $((SECONDS - t0))s" >>"$LOGS/summary.txt"
+    tar czf "$OUT/logs.tgz" -C "$LOGS" .
 }
 
 for s in $STEPS; do case $s in
@@ -41,50 +44,57 @@ env)
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, \
 'transformers', transformers.__version__); p = torch.cuda.get_device_properties(0); \
 print(p.name, p.multi_processor_count, 'SMs', p.total_memory >> 20, 'MiB', \
-getattr(p, 'L2_cache_size', 0) >> 20, 'MiB L2')"; } >"$OUT/env.log" 2>&1
-    tail -3 "$OUT/env.log" ;;
+getattr(p, 'L2_cache_size', 0) >> 20, 'MiB L2')"; } >"$LOGS/env.log" 2>&1
+    tail -3 "$LOGS/env.log" ;;
 tests)
     # Kernels on 6 workers while the CUDA-graph test (whole engines) runs alone.
     step tests_kernels 100 python3 -m pytest -q -x -n 6 tests/kernels \
-        --ignore=tests/kernels/cpu --junitxml="$OUT/tests_kernels.xml" &
+        --ignore=tests/kernels/cpu --junitxml="$LOGS/tests_kernels.xml" &
     step tests_worker 100 python3 -m pytest -q -x tests/runtime/worker
     wait
-    tail -4 "$OUT/tests_kernels.log" "$OUT/tests_worker.log" ;;
+    tail -n 4 "$LOGS/tests_kernels.log"; tail -n 40 "$LOGS/tests_worker.log" ;;
+worker)
+    step tests_worker 100 python3 -m pytest -q -x tests/runtime/worker
+    tail -n 40 "$LOGS/tests_worker.log" ;;
 kernel)
     step kernel 150 python3 benchmarks/kernels/bench_decode_attention.py \
         --batches 1 16 64 256 --contexts 512 2048 8192 32768 --sdpa \
-        --out "$OUT/decode_attention.json"
-    tail -25 "$OUT/kernel.log" ;;
+        --out "$LOGS/decode_attention.json"
+    tail -25 "$LOGS/kernel.log" ;;
 sweep)
     step sweep_launch 100 python3 benchmarks/kernels/bench_decode_attention.py \
         --batches 16 64 256 --contexts 2048 8192 --reps 30 \
         --launch 32x4x3 64x4x2 64x4x4 64x8x3 128x4x2 128x4x3 128x8x2 128x8x3 64x2x3 \
-        --out "$OUT/decode_attention_launch.json"
+        --out "$LOGS/decode_attention_launch.json"
     step sweep_splits 80 python3 benchmarks/kernels/bench_decode_attention.py \
         --batches 1 4 16 --contexts 2048 8192 32768 --reps 30 --splits 1,2,4,8,16,32 \
-        --out "$OUT/decode_attention_splits.json"
-    grep -E "^ +[0-9]" "$OUT/sweep_launch.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}'
-    grep -E "^ +[0-9]" "$OUT/sweep_splits.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}' ;;
+        --out "$LOGS/decode_attention_splits.json"
+    grep -E "^ +[0-9]" "$LOGS/sweep_launch.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}'
+    grep -E "^ +[0-9]" "$LOGS/sweep_splits.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}' ;;
 e2e)
     step e2e 170 python3 benchmarks/bench_decode_e2e.py --batch 1 16 64 256 \
-        --prompt-len 128 --output-len 64 --out "$OUT/decode_e2e.json"
-    tail -8 "$OUT/e2e.log" ;;
+        --prompt-len 128 --output-len 64 --out "$LOGS/decode_e2e.json"
+    tail -8 "$LOGS/e2e.log" ;;
 serve)
     $PAGODA serve llama-3-8b --random-weights --dtype bfloat16 --port 8011 \
-        --gpu-memory-utilization 0.9 --max-model-len 4096 >"$OUT/server.log" 2>&1 &
+        --gpu-memory-utilization 0.9 --max-model-len 4096 >"$LOGS/server.log" 2>&1 &
     server=$!
     for _ in $(seq 120); do
         python3 -c "import urllib.request as u; u.urlopen('http://localhost:8011/health', timeout=2)" 2>/dev/null && break
         kill -0 $server 2>/dev/null || break
         sleep 1
     done
-    grep -i -E "kv|memory|concurren|graph" "$OUT/server.log" | tail -8
+    grep -i -E "kv|memory|concurren|graph" "$LOGS/server.log" | tail -8
     for c in 1 16 64; do
         step "serve_c$c" 45 $PAGODA bench serve --base-url http://localhost:8011 \
             --num-prompts $((c == 1 ? 8 : c * 3)) --input-len 512 --output-len 128 \
-            --max-concurrency $c --result-file "$OUT/serve_c$c.json"
-        tail -12 "$OUT/serve_c$c.log"
+            --max-concurrency $c --result-file "$LOGS/serve_c$c.json"
+        tail -12 "$LOGS/serve_c$c.log"
     done
     kill $server; wait $server 2>/dev/null ;;
+profile)
+    step profile 150 python3 benchmarks/gpu/profile_decode_step.py --batch 1 64
+    grep -A3 -E "^ +(linear|qkv|o|gate_up|down|lm_head) |decode steps" "$LOGS/profile.log" | head -30 ;;
 esac; done
-cat "$OUT/summary.txt" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$LOGS" .
+cat "$LOGS/summary.txt" 2>/dev/null
