@@ -10,7 +10,8 @@ token ids each generate exactly --output-len tokens (greedy, EOS ignored).
                   default, to show what graphs save)
   hf              transformers `generate` on the same model shape and batch
 
-Reported: output tokens/s (whole request, prefill included) and the median
+Reported: output tokens/s (whole request, prefill included; the median of
+--repeats runs) and the median
 decode step time (decode-only steps, timed around the model runner with the
 device synchronised), against the roofline: weight bytes (of an untied
 embedding table only the step's rows) + KV bytes read in the step over the
@@ -105,6 +106,9 @@ def main() -> None:
     ap.add_argument("--eager-batches", type=int, nargs="*", default=[1])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.45)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per batch; tokens/s is their median"
+    )
     ap.add_argument("--out", default="benchmarks/results/decode_e2e.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -159,7 +163,9 @@ def main() -> None:
         prompts = torch.randint(256, vocab, (b, args.prompt_len), generator=g).tolist()
         run_pagoda(llm, prompts[:1], 4)  # warm-up
         timer.decode_times.clear()
-        t_pagoda = run_pagoda(llm, prompts, args.output_len)
+        t_pagoda = statistics.median(
+            run_pagoda(llm, prompts, args.output_len) for _ in range(args.repeats)
+        )
         steps = [s for s in timer.decode_times if s[0] == b]
         step = statistics.median(s[2] for s in steps)
         kv_tokens = statistics.median(s[1] for s in steps)
@@ -174,7 +180,10 @@ def main() -> None:
         }
         if hf is not None:
             run_hf(hf, prompts[:1], 4)
-            row["hf_tok_s"] = b * args.output_len / run_hf(hf, prompts, args.output_len)
+            t_hf = statistics.median(
+                run_hf(hf, prompts, args.output_len) for _ in range(args.repeats)
+            )
+            row["hf_tok_s"] = b * args.output_len / t_hf
             row["speedup_vs_hf"] = row["pagoda_tok_s"] / row["hf_tok_s"]
         results["rows"].append(row)
         print(row, flush=True)

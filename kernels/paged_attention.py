@@ -338,7 +338,10 @@ def paged_attention_triton(
     if tile_n is None:
         tile_n = 64 if head_pad <= 128 else 32
     if num_warps is None:
-        num_warps = 4
+        # A decode's 16-row tiles need no more than 2 warps: on an H100 (bf16,
+        # head 128, GQA 8) 2 warps beat 4 at every batch and context swept
+        # (docs/benchmarks.md, GPU section); prefill's 64-row tiles keep 4.
+        num_warps = 2 if decode_only else 4
     if num_stages is None:
         num_stages = 3 if decode_only else 2
     if num_splits is None:

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu/device_checks.sh [steps...]     (default: all)
 #
-# steps: env tests kernel e2e serve sweep profile. Each runs under its own
+# steps: env tests worker kernel e2e serve sweep profile gemm. Each runs under its own
 # timeout so a hang costs one step, not the call; logs and JSON go to $LOGS,
 # packed after every step into $OUT/logs.tgz (the device tool brings back a
 # few files of $OUT only). The machine has torch and triton but not the
@@ -50,7 +50,7 @@ tests)
     # Kernels on 6 workers while the CUDA-graph test (whole engines) runs alone.
     step tests_kernels 100 python3 -m pytest -q -x -n 6 tests/kernels \
         --ignore=tests/kernels/cpu --junitxml="$LOGS/tests_kernels.xml" &
-    step tests_worker 100 python3 -m pytest -q -x tests/runtime/worker
+    step tests_worker 100 python3 -m pytest -q tests/runtime/worker
     wait
     tail -n 4 "$LOGS/tests_kernels.log"; tail -n 40 "$LOGS/tests_worker.log" ;;
 worker)
@@ -92,6 +92,9 @@ serve)
         tail -12 "$LOGS/serve_c$c.log"
     done
     kill $server; wait $server 2>/dev/null ;;
+gemm)
+    step gemm 100 python3 benchmarks/gpu/bench_skinny_gemm.py --rows 1 16
+    grep -E "^ +(shape|qkv|o|gate_up|down|lm_head) " "$LOGS/gemm.log" ;;
 profile)
     step profile 150 python3 benchmarks/gpu/profile_decode_step.py --batch 1 64
     grep -A3 -E "^ +(linear|qkv|o|gate_up|down|lm_head) |decode steps" "$LOGS/profile.log" | head -30 ;;

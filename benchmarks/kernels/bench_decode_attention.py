@@ -13,11 +13,13 @@ Llama-3 models use GQA with 8 KV heads in total), block size 16, every request
 at the same context, block ids shuffled across the pool as a long-running
 server leaves them.
 
-Timing: each configuration is captured in a CUDA graph (so host launch cost,
-which a graph-replaying decode step does not pay, does not count), warmed up,
-then replayed `--reps` times between CUDA events; the median is reported. The
-graphs cycle over several independent input sets whose total size is at least
-4x the L2 cache, so no replay finds its K/V in L2 from the previous one.
+Timing: each configuration is captured in CUDA graphs of `--calls-per-graph`
+back-to-back calls (so host launch cost, which a graph-replaying decode step
+does not pay, does not count, and one replay's fixed cost is shared as a
+decode step's graph shares it among its kernels), warmed up, then replayed
+`--reps` times between CUDA events; the median over calls is reported. The
+calls cycle over several independent input sets whose total size is at least
+4x the L2 cache, so no call finds its K/V in L2 from the previous one.
 
 Writes a table to stdout and JSON (`--out`, default
 benchmarks/results/decode_attention_<device>.json).
@@ -96,16 +98,22 @@ def _time_graphs(graphs: list, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def _capture(fn, sets: list) -> list:
-    """One CUDA graph of `fn(s)` per input set (fn already ran once per set)."""
+def _capture(fn, sets: list, calls: int) -> list:
+    """CUDA graphs of `calls` back-to-back calls of `fn`, each on the next
+    input set (fn already ran once per set): one graph per starting set.
+
+    Several calls per graph put the kernel among neighbours, as in a decode
+    step's graph, so the fixed cost of one replay and its events (several
+    microseconds, a third of a 30 us kernel) is spread over `calls`."""
     torch.cuda.synchronize()
     graphs = []
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        for s in sets:
+        for i in range(len(sets)):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
-                fn(s)
+                for j in range(calls):
+                    fn(sets[(i + j) % len(sets)])
             graphs.append(g)
     torch.cuda.synchronize()
     return graphs
@@ -164,7 +172,8 @@ def bench_config(
 
     for s in sets:  # compile and warm up outside the graph
         step(s)
-    t = _time_graphs(_capture(step, sets), args.warmup, args.reps)
+    t = _time_graphs(_capture(step, sets, args.calls_per_graph), args.warmup, args.reps)
+    t /= args.calls_per_graph
 
     from pagoda.kernels.paged_attention import choose_num_splits
 
@@ -214,9 +223,13 @@ def _bench_sdpa(args, sets: list, context: int) -> dict:
     for s, (k, v) in zip(sets, dense):
         both(s)
         attend(s, k, v)
-    t_both = _time_graphs(_capture(both, sets), args.warmup, args.reps)
+    calls = args.calls_per_graph
+    t_both = _time_graphs(_capture(both, sets, calls), args.warmup, args.reps) / calls
     pairs = list(zip(sets, dense))
-    t_attend = _time_graphs(_capture(lambda p: attend(p[0], *p[1]), pairs), args.warmup, args.reps)
+    t_attend = (
+        _time_graphs(_capture(lambda p: attend(p[0], *p[1]), pairs, calls), args.warmup, args.reps)
+        / calls
+    )
     del dense, pairs
     return {"sdpa_gather_us": t_both * 1e6, "sdpa_only_us": t_attend * 1e6}
 
@@ -280,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sdpa",
         action="store_true",
         help="also time torch SDPA over the same K/V gathered dense (skipped where it does not fit)",
+    )
+    parser.add_argument(
+        "--calls-per-graph",
+        type=int,
+        default=8,
+        help="kernel calls per captured graph, cycling over input sets (1: one call per replay)",
     )
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--reps", type=int, default=50)
