@@ -189,7 +189,10 @@ def main() -> None:
         print(row, flush=True)
 
     if args.eager_batches:
-        del llm, timer, runner
+        # The engine's budget is a fraction of the whole device with this
+        # process's other tensors counted in: free the first engine and the
+        # transformers model (its rows are done) before building another.
+        del llm, timer, runner, hf
         gc.collect()  # the engine's cycles hold the KV cache until collected
         torch.cuda.empty_cache()
         eager = LLM(**common, enforce_eager=True)

@@ -29,7 +29,10 @@ def needs_cpu_graphs(dtype: str):
     )
 
 
+# CPU graphs are what these tests are about: pinned to the CPU, so that on a
+# GPU machine (where "auto" picks CUDA) they still test the CPU path.
 TINY = dict(
+    device="cpu",
     model="smollm2-135m",
     random_weights=True,
     hf_overrides={"num_hidden_layers": 2, "vocab_size": 512},
@@ -138,9 +141,9 @@ def test_a_capture_that_fails_leaves_the_engine_eager(monkeypatch, caplog):
 @needs_cpu_kernels
 @needs_cpu_graphs("bfloat16")
 @pytest.mark.model
-def test_cpu_graphs_give_smollm2s_eager_tokens(prompts):
+def test_cpu_graphs_give_smollm2s_eager_tokens(prompts, smollm2_gguf):
     sampling = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    options = dict(dtype="bfloat16", max_model_len=512, max_num_seqs=8)
+    options = dict(device="cpu", dtype="bfloat16", max_model_len=512, max_num_seqs=8)
     eager = LLM(enforce_eager=True, **options).generate(prompts, sampling)
     graphs = LLM(**options).generate(prompts, sampling)
     assert [o.outputs[0].token_ids for o in graphs] == [o.outputs[0].token_ids for o in eager]
