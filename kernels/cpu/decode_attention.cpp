@@ -149,7 +149,9 @@ void store_normalized(scalar_t* o_base, int64_t o_head_stride, const float* acc,
                       int64_t heads, int64_t head_size) {
   for (int64_t j = 0; j < heads; ++j) {
     scalar_t* dst = o_base + j * o_head_stride;
-    const float inv = 1.f / sums[j];
+    // A request with no positions (a padded row of a decode graph) attends
+    // to nothing: its output is zero, not 0/0.
+    const float inv = sums[j] > 0.f ? 1.f / sums[j] : 0.f;
     for (int64_t i = 0; i < head_size; ++i) dst[i] = static_cast<scalar_t>(acc[j * head_size + i] * inv);
   }
 }
@@ -369,8 +371,9 @@ void checked_decode_attention(
   const int64_t num_blocks = kv_cache.size(1), num_tokens = query.size(0);
   const int64_t* tokens = token_index.data_ptr<int64_t>();
   for (int64_t r = 0; r < seq_lens.size(0); ++r) {
-    TORCH_CHECK(lens[r] >= 1 && lens[r] <= width * block_size,
-                "seq_lens[", r, "] = ", lens[r], " outside 1..", width * block_size);
+    // 0: a padded row of a decode graph, which attends to nothing.
+    TORCH_CHECK(lens[r] >= 0 && lens[r] <= width * block_size,
+                "seq_lens[", r, "] = ", lens[r], " outside 0..", width * block_size);
     TORCH_CHECK(tokens[r] >= 0 && tokens[r] < num_tokens, "token_index out of range");
     const int64_t used = (lens[r] + block_size - 1) / block_size;
     for (int64_t b = 0; b < used; ++b) {

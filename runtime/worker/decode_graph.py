@@ -201,9 +201,13 @@ class DecodeGraphRunner:
         self.slot_mapping[:b] = blocks * block_size + pos % block_size
 
     def _padding(self, start: int, end: int) -> None:
-        """Rows start..end write nothing and attend to one key."""
+        """Rows start..end write nothing and attend to nothing (their output
+        is zero). Not even to one key: the CPU decode kernel balances the
+        batch's positions over threads, and a padded row's position moved the
+        cuts of real requests, so on 8 or more threads a replay's
+        log-probabilities differed from the eager step's in the 7th digit."""
         self.slot_mapping[start:end].fill_(-1)
-        self.seq_lens[start:end].fill_(1)
+        self.seq_lens[start:end].fill_(0)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
         return (

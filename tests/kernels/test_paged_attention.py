@@ -150,3 +150,37 @@ def test_split_kv_chosen_automatically_for_long_contexts_at_small_batch():
     for args in [(1, 1, 10**6, 132), (3, 4, 5000, 132)]:
         n = choose_num_splits(*args)
         assert 1 <= n <= 64 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device):
+    """A decode graph pads its batch with requests of length 0 (one query
+    token, no keys, not even its own): each comes out zero, and the real
+    requests as without them."""
+    batch = paged_batch(
+        [(1, 70), (1, 9)],
+        num_kv_heads=2,
+        group=4,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float32,
+        seed=12,
+    )
+    alone = _run(batch, 0.125, num_splits=num_splits)
+    md, pad = batch.metadata, 3
+    query = torch.cat([batch.query, torch.randn(pad, *batch.query.shape[1:], device=device)])
+    out = torch.full_like(query, float("nan"))
+    paged_attention(
+        query,
+        batch.kv_cache,
+        torch.cat([md.block_table, md.block_table[:1].expand(pad, -1)]),
+        torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=device)]),
+        torch.arange(2 + pad + 1, dtype=torch.int32, device=device),
+        0.125,
+        max_query_len=1,
+        max_seq_len=md.max_seq_len,
+        out=out,
+        num_splits=num_splits,
+    )
+    assert torch.equal(out[:2], alone)
+    assert (out[2:] == 0).all()

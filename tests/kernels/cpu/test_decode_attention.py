@@ -160,6 +160,32 @@ def test_positions_split_evenly_over_threads(op, threads, seq_lens, dtype, head_
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [2, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_of_no_positions_is_zero_and_moves_no_cut(op, threads, dtype):
+    """A decode graph pads its batch with rows of length 0: each comes out
+    zero, and the real rows come out bit for bit as without them (a padded
+    row of length 1 moved the thread cuts of real requests, and with them
+    the float sums)."""
+    seq_lens = [300, 77, 1000, 45]
+    query, cache, table, _, _ = make_batch(seq_lens, 3, 3, 64, 16, dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = torch.empty_like(query)
+        lens = torch.tensor(seq_lens, dtype=torch.int32)
+        op(alone, query, cache, table, lens, torch.arange(4), 0.125)
+        padded_q = torch.cat([query, torch.randn(3, *query.shape[1:]).to(dtype)])
+        padded_table = torch.cat([table, table[:3]])
+        padded = torch.full_like(padded_q, float("nan"))
+        padded_lens = torch.tensor(seq_lens + [0, 0, 0], dtype=torch.int32)
+        op(padded, padded_q, cache, padded_table, padded_lens, torch.arange(7), 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(padded[:4], alone)
+    assert (padded[4:] == 0).all()
+
+
 def test_refuses_what_it_cannot_read(op):
     query, cache, table, _, _ = make_batch([8, 9], 2, 2, 64, 16, torch.float32)
     out = torch.empty_like(query)
@@ -177,7 +203,7 @@ def test_refuses_what_it_cannot_read(op):
         op(out[:, :3], query[:, :3], cache, table, lens, tokens, 0.1)
     with pytest.raises(RuntimeError, match="one row per request"):
         op(out, query, cache, table, lens[:1], tokens, 0.1)
-    with pytest.raises(RuntimeError, match="outside 1"):
+    with pytest.raises(RuntimeError, match="outside 0"):
         op(out, query, cache, table, torch.tensor([8, 33], dtype=torch.int32), tokens, 0.1)
     bad = table.clone()
     bad[1, 0] = 10_000
