@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -219,6 +220,28 @@ class ModelRunner:
             self.graph_runner.capture()
             if not self.graph_runner.graphs:
                 self.graph_runner = None
+        if self.device.type == "cuda" and self.backend.name == "triton":
+            self._warm_up_attention()
+
+    def _warm_up_attention(self) -> None:
+        """Compile the attention kernel's variants now rather than in a
+        serving step (kernels/paged_attention.py: warm_up_paged_attention)."""
+        from pagoda.kernels.paged_attention import warm_up_paged_attention
+
+        a = self.model_config.arch
+        start = time.perf_counter()
+        launches = warm_up_paged_attention(
+            self.kv_caches[0],
+            max(1, a.num_attention_heads // self.tp.world_size),
+            self.model_config.dtype,
+            a.head_dim**-0.5,
+        )
+        torch.cuda.synchronize(self.device)
+        logger.info(
+            "Compiled the attention kernel's %d variants in %.1f s",
+            launches,
+            time.perf_counter() - start,
+        )
 
     # ---- one step -----------------------------------------------------
     def _update_batch(self, so: SchedulerOutput) -> None:

@@ -184,3 +184,13 @@ def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device
     )
     assert torch.equal(out[:2], alone)
     assert (out[2:] == 0).all()
+
+
+def test_warm_up_launches_every_split_factor_for_both_batch_kinds(device):
+    from pagoda.kernels.paged_attention import MAX_SPLITS, warm_up_paged_attention
+
+    cache = torch.randn(2, 4, 16, 1, 32, device=device)
+    before = cache.clone()
+    launches = warm_up_paged_attention(cache, 2, torch.float32, 32**-0.5)
+    assert launches == 2 * MAX_SPLITS.bit_length()
+    assert torch.equal(cache, before)  # it reads the cache, writes none of it
