@@ -1,12 +1,9 @@
 """Where a GPU decode step's time goes, for the step-vs-roofline gap of
-benchmarks/bench_decode_e2e.py (issue 14).
-
-1. Each linear of a Llama-3-8B layer (and the LM head) alone, as torch runs it
-   in the model: achieved bandwidth of x[B, K] @ W[K, N] over the weight bytes,
-   rotating over enough weight copies that none is in L2.
-2. The engine's decode steps under torch.profiler: wall time per step against
-   the GPU's kernel time per step (the difference is time the GPU waits for
-   the host), and the kernels that take the most GPU time.
+benchmarks/bench_decode_e2e.py (issue 14): the engine's decode steps on a
+Llama-3-8B shape under torch.profiler, wall time per step against the GPU's
+kernel time (the difference is time the GPU waits for the host), and the
+kernels and host calls that take the most time. The linears alone, against
+a Triton kernel: benchmarks/gpu/bench_skinny_gemm.py.
 
     python benchmarks/gpu/profile_decode_step.py --batch 1 64
 """
@@ -19,25 +16,6 @@ import sys
 import time
 
 import torch
-
-
-def linear_bandwidth(batch: int, k: int, n: int, copies: int) -> float:
-    """Achieved GB/s of weight bytes for x[batch, k] @ W^T (W [n, k], bf16)."""
-    ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
-    x = torch.randn(batch, k, dtype=torch.bfloat16, device="cuda")
-    for w in ws:
-        torch.nn.functional.linear(x, w)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for w in ws:
-            torch.nn.functional.linear(x, w)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / copies)
-    return n * k * 2 / statistics.median(times) / 1e9
 
 
 def profile_steps(llm, batch: int, vocab: int, output_len: int) -> None:
@@ -90,25 +68,6 @@ def main() -> int:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("profile_decode_step needs a CUDA device")
-
-    # Llama-3-8B: hidden 4096, 32 heads, 8 KV heads, intermediate 14336, vocab 128256.
-    shapes = {
-        "qkv": (4096, 6144),
-        "o": (4096, 4096),
-        "gate_up": (4096, 28672),
-        "down": (14336, 4096),
-        "lm_head": (4096, 128256),
-    }
-    print(
-        f"{'linear':>8} "
-        + " ".join(f"{'B=' + str(b):>9}" for b in args.batch)
-        + "  (GB/s of weights)"
-    )
-    for name, (k, n) in shapes.items():
-        copies = max(2, (200 << 20) // (n * k * 2) + 1)
-        bws = [linear_bandwidth(b, k, n, copies) for b in args.batch]
-        print(f"{name:>8} " + " ".join(f"{bw:9.0f}" for bw in bws), flush=True)
-    torch.cuda.empty_cache()
 
     from pagoda.runtime import LLM
     from pagoda.runtime.model_loader.random_loader import PRESETS

@@ -154,9 +154,37 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
+def run_paged_attention(batch: PagedBatch, scale: float, num_splits: int | None = None):
+    """Write the step's K/V into the cache, then attend: the output starts as
+    NaN, so an element the kernel leaves unwritten fails the comparison."""
+    from pagoda.kernels.ops import paged_attention, reshape_and_cache
+
+    md = batch.metadata
+    reshape_and_cache(batch.key, batch.value, batch.kv_cache, md.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    paged_attention(
+        batch.query,
+        batch.kv_cache,
+        md.block_table,
+        md.seq_lens,
+        md.query_start_loc,
+        scale,
+        max_query_len=md.max_query_len,
+        max_seq_len=md.max_seq_len,
+        out=out,
+        num_splits=num_splits,
+    )
+    return out
+
+
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def attend():
+    return run_paged_attention
 
 
 @pytest.fixture

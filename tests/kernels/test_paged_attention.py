@@ -6,31 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from pagoda.kernels import reference
-from pagoda.kernels.ops import paged_attention, reshape_and_cache
+from pagoda.kernels.ops import paged_attention
 
 # (query_len, seq_len) per request: decodes at odd lengths and at a block
 # boundary, a prefill chunk starting mid-block after cached context, a whole
 # prompt, and a one-token sequence.
 MIXED = [(1, 37), (11, 29), (1, 32), (20, 20), (1, 1), (5, 70)]
-
-
-def _run(batch, scale, num_splits=None):
-    md = batch.metadata
-    reshape_and_cache(batch.key, batch.value, batch.kv_cache, md.slot_mapping)
-    out = torch.full_like(batch.query, float("nan"))  # unwritten elements fail
-    paged_attention(
-        batch.query,
-        batch.kv_cache,
-        md.block_table,
-        md.seq_lens,
-        md.query_start_loc,
-        scale,
-        max_query_len=md.max_query_len,
-        max_seq_len=md.max_seq_len,
-        out=out,
-        num_splits=num_splits,
-    )
-    return out
 
 
 def _check(batch, out, scale, tol, attention_reference, rel_err):
@@ -50,7 +31,7 @@ def _check(batch, out, scale, tol, attention_reference, rel_err):
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mixed_batch_matches_reference_for_each_gqa_ratio(
-    group, dtype, paged_batch, attention_reference, rel_err, tolerance
+    group, dtype, paged_batch, attention_reference, rel_err, tolerance, attend
 ):
     batch = paged_batch(
         MIXED,
@@ -62,7 +43,7 @@ def test_mixed_batch_matches_reference_for_each_gqa_ratio(
         seed=100 + group,
     )
     scale = 64**-0.5
-    out = _run(batch, scale)
+    out = attend(batch, scale)
     _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
 
 
@@ -76,7 +57,7 @@ def test_mixed_batch_matches_reference_for_each_gqa_ratio(
     ],
 )
 def test_head_and_block_sizes(
-    head_size, block_size, dtype, paged_batch, attention_reference, rel_err, tolerance
+    head_size, block_size, dtype, paged_batch, attention_reference, rel_err, tolerance, attend
 ):
     specs = [(1, 45), (17, 50), (3, 3), (1, 96)]
     batch = paged_batch(
@@ -89,11 +70,13 @@ def test_head_and_block_sizes(
         seed=head_size + block_size,
     )
     scale = head_size**-0.5
-    out = _run(batch, scale)
+    out = attend(batch, scale)
     _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
 
 
-def test_smollm2_shape_prefill_then_decode(paged_batch, attention_reference, rel_err, tolerance):
+def test_smollm2_shape_prefill_then_decode(
+    paged_batch, attention_reference, rel_err, tolerance, attend
+):
     # SmolLM2-135M: 9 query heads, 3 KV heads, head size 64.
     batch = paged_batch(
         [(13, 13), (1, 40), (7, 23)],
@@ -104,14 +87,14 @@ def test_smollm2_shape_prefill_then_decode(paged_batch, attention_reference, rel
         dtype=torch.float32,
         seed=7,
     )
-    out = _run(batch, 0.125)
+    out = attend(batch, 0.125)
     _check(batch, out, 0.125, tolerance[torch.float32], attention_reference, rel_err)
 
 
 @pytest.mark.parametrize("num_splits", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_kv_decode_long_context(
-    num_splits, dtype, paged_batch, attention_reference, rel_err, tolerance
+    num_splits, dtype, paged_batch, attention_reference, rel_err, tolerance, attend
 ):
     # Splits outnumbering one request's tiles leave some splits empty (m = -inf).
     batch = paged_batch(
@@ -124,17 +107,17 @@ def test_split_kv_decode_long_context(
         seed=200 + num_splits,
     )
     scale = 0.125
-    out = _run(batch, scale, num_splits=num_splits)
+    out = attend(batch, scale, num_splits=num_splits)
     _check(batch, out, scale, tolerance[dtype], attention_reference, rel_err)
 
 
-def test_split_kv_on_mixed_batch(paged_batch, attention_reference, rel_err, tolerance):
+def test_split_kv_on_mixed_batch(paged_batch, attention_reference, rel_err, tolerance, attend):
     # The split path stays correct with prefill chunks, whose rows see
     # different causal limits within one query block.
     batch = paged_batch(
         MIXED, num_kv_heads=2, group=3, head_size=64, block_size=16, dtype=torch.float32, seed=300
     )
-    out = _run(batch, 0.125, num_splits=2)
+    out = attend(batch, 0.125, num_splits=2)
     _check(batch, out, 0.125, tolerance[torch.float32], attention_reference, rel_err)
 
 
@@ -153,7 +136,7 @@ def test_split_kv_chosen_automatically_for_long_contexts_at_small_batch():
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device):
+def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device, attend):
     """A decode graph pads its batch with requests of length 0 (one query
     token, no keys, not even its own): each comes out zero, and the real
     requests as without them."""
@@ -166,7 +149,7 @@ def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device
         dtype=torch.float32,
         seed=12,
     )
-    alone = _run(batch, 0.125, num_splits=num_splits)
+    alone = attend(batch, 0.125, num_splits=num_splits)
     md, pad = batch.metadata, 3
     query = torch.cat([batch.query, torch.randn(pad, *batch.query.shape[1:], device=device)])
     out = torch.full_like(query, float("nan"))

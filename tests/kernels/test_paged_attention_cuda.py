@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagoda.kernels.ops import paged_attention, reshape_and_cache
 from pagoda.kernels.paged_attention import _num_sms, choose_num_splits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -25,33 +24,13 @@ LONG_DECODES = [(1, 3000), (1, 1777)]
 TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 
-def _attend(batch, scale: float, num_splits: int | None) -> torch.Tensor:
-    md = batch.metadata
-    reshape_and_cache(batch.key, batch.value, batch.kv_cache, md.slot_mapping)
-    out = torch.full_like(batch.query, float("nan"))
-    paged_attention(
-        batch.query,
-        batch.kv_cache,
-        md.block_table,
-        md.seq_lens,
-        md.query_start_loc,
-        scale,
-        max_query_len=md.max_query_len,
-        max_seq_len=md.max_seq_len,
-        out=out,
-        num_splits=num_splits,
-    )
-    torch.cuda.synchronize()
-    return out
-
-
 @pytest.mark.parametrize("split", ["not-chosen", "chosen"])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_native_matches_float64_reference(
-    dtype, head_size, block_size, group, split, paged_batch, attention_reference, rel_err
+    dtype, head_size, block_size, group, split, paged_batch, attention_reference, rel_err, attend
 ):
     specs = MIXED if split == "not-chosen" else LONG_DECODES
     num_kv_heads = 2
@@ -72,13 +51,13 @@ def test_native_matches_float64_reference(
     )
     assert (chosen > 1) == (split == "chosen")
     scale = head_size**-0.5
-    out = _attend(batch, scale, None)
+    out = attend(batch, scale)
     assert not out.isnan().any()
     assert rel_err(out, attention_reference(batch, scale)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 8, 64])
-def test_every_split_factor_agrees(num_splits, paged_batch, attention_reference, rel_err):
+def test_every_split_factor_agrees(num_splits, paged_batch, attention_reference, rel_err, attend):
     # Llama-3-8B's attention shape: head 128, 32 query heads on 8 KV heads.
     batch = paged_batch(
         [(1, 4100), (1, 33), (1, 1024)],
@@ -89,12 +68,12 @@ def test_every_split_factor_agrees(num_splits, paged_batch, attention_reference,
         dtype=torch.bfloat16,
         seed=num_splits,
     )
-    out = _attend(batch, 128**-0.5, num_splits)
+    out = attend(batch, 128**-0.5, num_splits)
     assert not out.isnan().any()
     assert rel_err(out, attention_reference(batch, 128**-0.5)) < TOL[torch.bfloat16]
 
 
-def test_a_float16_cache_under_bf16_queries(paged_batch, attention_reference, rel_err):
+def test_a_float16_cache_under_bf16_queries(paged_batch, attention_reference, rel_err, attend):
     # A float16 cache under bf16 queries: K/V are converted in registers.
     batch = paged_batch(
         MIXED,
@@ -106,5 +85,5 @@ def test_a_float16_cache_under_bf16_queries(paged_batch, attention_reference, re
         seed=11,
         cache_dtype=torch.float16,
     )
-    out = _attend(batch, 128**-0.5, None)
+    out = attend(batch, 128**-0.5)
     assert rel_err(out, attention_reference(batch, 128**-0.5)) < TOL[torch.bfloat16]
