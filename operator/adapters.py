@@ -9,6 +9,11 @@ from the spec, and reports, per adapter, how many ready pods serve it
 unload and failure. A pod that refuses an adapter `FAILURE_THRESHOLD` times
 in a row counts as failed for it, with the runtime's own error message.
 
+Every load and unload carries the LLMService's `metadata.generation`, as the
+adapters file does (render/configmap.py): the pod remembers the highest one
+applied and skips a file older than that, so a file that has not caught up
+with a removal yet cannot load the adapter again.
+
 `plan` and `summarize` are pure; `AdapterSync.tick` does the I/O through a
 `PodClient`, so tests can put a network of their own behind it.
 """
@@ -44,17 +49,21 @@ class PodCallError(Exception):
 
 
 class PodClient(Protocol):
-    """The runtime's adapter API on one pod (base URL `http://IP:PORT`)."""
+    """The runtime's adapter API on one pod (base URL `http://IP:PORT`).
+
+    `generation` is the LLMService generation the call acts for (None: not
+    known, the call orders nothing on the pod).
+    """
 
     async def models(self, url: str) -> dict[str, str]:
         """Loaded adapters: name -> the path it was loaded from."""
         ...
 
-    async def load(self, url: str, name: str, path: str) -> None:
+    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
         """Load (or replace) an adapter; raises PodCallError."""
         ...
 
-    async def unload(self, url: str, name: str) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
         """Unload an adapter; raises PodCallError (not for one already gone)."""
         ...
 
@@ -162,7 +171,7 @@ class AdapterSync:
 
         async def one(target: Target) -> dict[str, str] | None:
             async with gate:
-                return await self._converge(target, desired, out.events)
+                return await self._converge(target, desired, llms.generation, out.events)
 
         served = await asyncio.gather(*(one(t) for t in ready))
         names = {t.pod for t in ready}
@@ -183,9 +192,14 @@ class AdapterSync:
         return out
 
     async def _converge(
-        self, target: Target, desired: Mapping[str, str], events: list[EventTuple]
+        self,
+        target: Target,
+        desired: Mapping[str, str],
+        generation: int | None,
+        events: list[EventTuple],
     ) -> dict[str, str] | None:
-        """Make one pod serve `desired`; its adapters afterwards (None: unreachable)."""
+        """Make one pod serve `desired` (of spec `generation`); its adapters
+        afterwards (None: unreachable)."""
         try:
             loaded = await self.client.models(target.url)
         except PodCallError:
@@ -193,7 +207,7 @@ class AdapterSync:
         todo = plan(desired, loaded)
         for name in todo.unload:
             try:
-                await self.client.unload(target.url, name)
+                await self.client.unload(target.url, name, generation=generation)
             except PodCallError as e:
                 events.append(
                     ("Warning", "AdapterUnloadFailed", f"adapter {name} on pod {target.pod}: {e}")
@@ -206,7 +220,7 @@ class AdapterSync:
         for name, path in todo.load:
             key = (target.pod, name)
             try:
-                await self.client.load(target.url, name, path)
+                await self.client.load(target.url, name, path, generation=generation)
             except PodCallError as e:
                 count = self.attempts.get(key, (0, ""))[0] + 1
                 self.attempts[key] = (count, str(e))
@@ -235,6 +249,12 @@ def _error_message(status: int, body: bytes) -> str:
         return str(json.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+
+
+def _with_generation(body: dict[str, Any], generation: int | None) -> dict[str, Any]:
+    """`body` with the runtime's `generation` field (Pagoda's extension of
+    vLLM's routes; a runtime that predates it ignores it)."""
+    return body if generation is None else {**body, "generation": generation}
 
 
 class HttpPodClient:
@@ -267,13 +287,14 @@ class HttpPodClient:
         except (KeyError, TypeError):
             raise PodCallError(f"{url}/v1/models: not a model list") from None
 
-    async def load(self, url: str, name: str, path: str) -> None:
-        body = {"lora_name": name, "lora_path": path, "replace": True}
+    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
+        body = _with_generation({"lora_name": name, "lora_path": path, "replace": True}, generation)
         await self._call("POST", url + "/v1/load_lora_adapter", body)
 
-    async def unload(self, url: str, name: str) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
+        body = _with_generation({"lora_name": name}, generation)
         try:
-            await self._call("POST", url + "/v1/unload_lora_adapter", {"lora_name": name})
+            await self._call("POST", url + "/v1/unload_lora_adapter", body)
         except PodCallError as e:
             if e.status != 404:  # already gone (the file got there first)
                 raise

@@ -60,12 +60,22 @@ def render_configmap(llms: LLMService) -> dict[str, Any]:
 
 
 def adapters_file(llms: LLMService) -> str:
-    """The runtime's `--lora-adapters-file`: a JSON list of {name, path}, one per line."""
+    """The runtime's `--lora-adapters-file`: `{"generation", "adapters"}`, one adapter a line.
+
+    `generation` is the spec's `metadata.generation`, the one the adapter
+    loop's calls to the pods carry too: the file reaches a pod late (the
+    kubelet's refresh), and a pod skips a file older than a call it has
+    applied, so a removed adapter does not come back. Left out while
+    unknown (the runtime then always applies the file).
+    """
     entries = [
         json.dumps({"name": a.name, "path": adapter_path(llms, a.source)}, sort_keys=True)
         for a in llms.spec.adapters
     ]
-    return "[\n" + ",\n".join(entries) + "\n]\n" if entries else "[]\n"
+    listed = "[\n    " + ",\n    ".join(entries) + "\n  ]" if entries else "[]"
+    generation = llms.generation
+    head = f'  "generation": {json.dumps(generation)},\n' if generation is not None else ""
+    return "{\n" + head + f'  "adapters": {listed}\n' + "}\n"
 
 
 def render_adapters_configmap(llms: LLMService) -> dict[str, Any]:

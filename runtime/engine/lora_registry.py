@@ -6,6 +6,14 @@ weights to their end, new requests get the new ones, and the two never share
 prefix-cache blocks. An adapter that is unloaded or replaced leaves the
 engine only once its last request is done; the core's memory is never
 freed under a running request.
+
+Two writers may change a pod's adapters for the same desired state: the
+operator over HTTP, at once, and the adapters file (a mounted ConfigMap),
+which lags. Each says which LLMService generation (`metadata.generation`) it
+acts for; the registry remembers the highest one applied, and a change from
+the file for an older generation is refused (`StaleGenerationError`), so a
+late file cannot bring back an adapter the operator has already unloaded.
+Calls without a generation (a user's own) are applied and order nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +44,19 @@ class LoRAConflictError(InvalidRequestError):
 
 class LoRANotFoundError(InvalidRequestError):
     """No adapter of that name (HTTP 404)."""
+
+
+class StaleGenerationError(Exception):
+    """A change for an older generation than one already applied (`if_current`).
+
+    Not an InvalidRequestError: nothing is wrong with the adapter, the
+    writer's view of the desired state is out of date.
+    """
+
+    def __init__(self, generation: int, applied: int) -> None:
+        super().__init__(f"generation {generation} is older than generation {applied}, applied")
+        self.generation = generation
+        self.applied = applied
 
 
 def resolve_lora_path(path: str) -> str:
@@ -75,6 +96,29 @@ class LoRARegistry:
         self._request_lora: dict[str, int] = {}
         self._retired: set[int] = set()
         self._background: set[asyncio.Task] = set()
+        # The highest LLMService generation a change was made for (None: no
+        # change carried one since start-up).
+        self.generation: int | None = None
+
+    def is_stale(self, generation: int | None) -> bool:
+        """Whether a change for `generation` comes after a newer one (None never is)."""
+        applied = self.generation
+        return generation is not None and applied is not None and generation < applied
+
+    def _order(self, generation: int | None, if_current: bool) -> None:
+        """Record a change for `generation`; under the lock, before the change.
+
+        Recorded even if the change then fails (a 404 unload, a bad folder):
+        the writer has said what that generation wants, so an older wish
+        must not be applied after it.
+        """
+        if generation is None:
+            return
+        applied = self.generation
+        if applied is None or generation >= applied:
+            self.generation = generation
+        elif if_current:
+            raise StaleGenerationError(generation, applied)
 
     def resolve(self, model: str | None) -> LoRARequest | None:
         """The adapter a request's `model` names; None for the base model."""
@@ -85,9 +129,22 @@ class LoRARegistry:
             raise LoRANotFoundError(f"The model `{model}` does not exist.", param="model")
         return lora
 
-    async def load(self, name: str, path: str, replace: bool = False) -> LoRARequest:
+    async def load(
+        self,
+        name: str,
+        path: str,
+        replace: bool = False,
+        *,
+        generation: int | None = None,
+        if_current: bool = False,
+    ) -> LoRARequest:
         """Load `path` under `name`. Idempotent for the same folder; another
-        folder under a taken name is a LoRAConflictError unless `replace`."""
+        folder under a taken name is a LoRAConflictError unless `replace`.
+
+        `generation`: the LLMService generation this change is for (see the
+        module's docstring); with `if_current`, a StaleGenerationError if a
+        newer one was applied, and nothing changes.
+        """
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidRequestError(
                 f"lora_name {name!r} must be 1-128 letters, digits or ._:/- "
@@ -101,6 +158,7 @@ class LoRARegistry:
         if not isinstance(path, str) or not path:
             raise InvalidRequestError("lora_path must be a non-empty string", param="lora_path")
         async with self._lock:
+            self._order(generation, if_current)
             old = self.adapters.get(name)
             if old is not None and self.sources.get(name) == path:
                 return old  # the same folder again: nothing to do
@@ -127,9 +185,15 @@ class LoRARegistry:
                 self._retire(old.lora_int_id)
             return lora
 
-    async def unload(self, name: str) -> None:
-        """Stop serving `name`: new requests get 404, those in flight finish."""
+    async def unload(
+        self, name: str, *, generation: int | None = None, if_current: bool = False
+    ) -> None:
+        """Stop serving `name`: new requests get 404, those in flight finish.
+
+        `generation` and `if_current` as for `load`.
+        """
         async with self._lock:
+            self._order(generation, if_current)
             lora = self.adapters.pop(name, None)
             if lora is None:
                 self._on_event("unload", "not_found")

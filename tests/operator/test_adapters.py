@@ -1,13 +1,16 @@
-"""The adapter loop: plans, per-adapter status, the condition, Events, retries."""
+"""The adapter loop: plans, per-adapter status, the condition, Events, retries,
+and the spec generation every call carries."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import aiohttp.web
 import pytest
 from pagoda.operator.adapters import (
     FAILURE_THRESHOLD,
     AdapterSync,
+    HttpPodClient,
     PodCallError,
     plan,
     summarize,
@@ -78,6 +81,7 @@ class FakePods:
         self.loaded: dict[str, dict[str, str]] = {}
         self.refuse = refuse or {}
         self.calls: list[tuple[str, str, str]] = []
+        self.generations: list[int | None] = []  # the generation of each call
         self.down: set[str] = set()
 
     async def models(self, url: str) -> dict[str, str]:
@@ -85,24 +89,28 @@ class FakePods:
             raise PodCallError(f"{url}: connection refused")
         return dict(self.loaded.setdefault(url, {}))
 
-    async def load(self, url: str, name: str, path: str) -> None:
+    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
         self.calls.append(("load", url, name))
+        self.generations.append(generation)
         if path in self.refuse:
             raise PodCallError(self.refuse[path], 400)
         self.loaded.setdefault(url, {})[name] = path
 
-    async def unload(self, url: str, name: str) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
         self.calls.append(("unload", url, name))
+        self.generations.append(generation)
         self.loaded.get(url, {}).pop(name, None)
 
 
-def service(*adapters: tuple[str, str]) -> Any:
+def service(*adapters: tuple[str, str], generation: int | None = None) -> Any:
     spec = {
         "model": "smollm2-135m-instruct",
         "adapters": [{"name": n, "source": s} for n, s in adapters],
     }
-    body = {"metadata": {"name": "chat", "namespace": "ns"}, "spec": spec}
-    return parse(body, OperatorConfig())
+    meta: dict[str, Any] = {"name": "chat", "namespace": "ns"}
+    if generation is not None:
+        meta["generation"] = generation
+    return parse({"metadata": meta, "spec": spec}, OperatorConfig())
 
 
 URL1, URL2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
@@ -174,6 +182,69 @@ async def test_an_unreachable_pod_is_not_counted_as_failed() -> None:
     assert result.health.reason == "Loading"
     assert api.statuses[-1]["adapters"] == [
         {"name": "a", "readyPods": 1, "failedPods": 0, "message": ""}
+    ]
+
+
+async def test_every_call_carries_the_generation_of_the_spec_it_acts_for() -> None:
+    # The pod skips an adapters file older than a call it has applied: the
+    # file that still lists "b" after its removal must not load it again.
+    api, pods = FakeApi([pod("p1", "10.0.0.1")]), FakePods()
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    await sync.tick(service(("a", "/a"), ("b", "/b"), generation=2), {})
+    await sync.tick(service(("a", "/a2"), generation=3), {})
+    assert pods.calls == [
+        ("load", URL1, "a"),
+        ("load", URL1, "b"),
+        ("unload", URL1, "b"),
+        ("load", URL1, "a"),
+    ]
+    assert pods.generations == [2, 2, 3, 3]
+
+
+async def test_a_spec_without_a_generation_sends_none() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1")]), FakePods()
+    await AdapterSync(api, pods).tick(service(("a", "/a")), {})  # type: ignore[arg-type]
+    assert pods.generations == [None]
+
+
+async def test_the_http_client_sends_the_generation_with_vllms_fields() -> None:
+    bodies: list[tuple[str, dict[str, Any]]] = []
+
+    async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        body = await request.json()
+        bodies.append((request.path, body))
+        if body["lora_name"] == "gone":  # the pod's file got there first
+            error = {"error": {"message": "no LoRA adapter named 'gone'", "code": 404}}
+            return aiohttp.web.json_response(error, status=404)
+        return aiohttp.web.json_response({"lora_name": body["lora_name"], "status": "ok"})
+
+    app = aiohttp.web.Application()
+    app.router.add_post("/v1/load_lora_adapter", record)
+    app.router.add_post("/v1/unload_lora_adapter", record)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = HttpPodClient(timeout=5)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await client.load(url, "sql", "/a/sql", generation=7)
+        await client.unload(url, "sql", generation=8)
+        await client.unload(url, "gone", generation=8)  # a 404 is not an error
+        await client.load(url, "sql", "/a/sql", generation=None)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert bodies == [
+        (
+            "/v1/load_lora_adapter",
+            {"lora_name": "sql", "lora_path": "/a/sql", "replace": True, "generation": 7},
+        ),
+        ("/v1/unload_lora_adapter", {"lora_name": "sql", "generation": 8}),
+        ("/v1/unload_lora_adapter", {"lora_name": "gone", "generation": 8}),
+        # Unknown: left out, not null (the pod then orders nothing by it).
+        ("/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": "/a/sql", "replace": True}),
     ]
 
 

@@ -1,6 +1,11 @@
 """LoRA adapters over HTTP: `/v1/load_lora_adapter` and
 `/v1/unload_lora_adapter` (vLLM's routes, always on with --enable-lora: no
-development-mode switch), and the adapter cards of `/v1/models`."""
+development-mode switch), and the adapter cards of `/v1/models`.
+
+Both routes take Pagoda's optional `generation` field: the LLMService
+generation the caller (the operator) acts for. It orders the call against
+the adapters file (lora_file.py): a file for an older generation is not
+applied after it."""
 
 from __future__ import annotations
 
@@ -53,7 +58,9 @@ def install_lora_routes(app: FastAPI, engine: AsyncLLM) -> None:
     @app.post("/v1/load_lora_adapter", response_model=LoRAAdapterResponse, responses=_LORA_ERRORS)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> dict:
         try:
-            lora = await registry().load(body.lora_name, body.lora_path, body.replace)
+            lora = await registry().load(
+                body.lora_name, body.lora_path, body.replace, generation=body.generation
+            )
         except LoRAConflictError as exc:
             raise APIError(str(exc), 409, param=exc.param) from None
         return LoRAAdapterResponse(
@@ -63,7 +70,7 @@ def install_lora_routes(app: FastAPI, engine: AsyncLLM) -> None:
     @app.post("/v1/unload_lora_adapter", response_model=LoRAAdapterResponse, responses=_LORA_ERRORS)
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> dict:
         try:
-            await registry().unload(body.lora_name)
+            await registry().unload(body.lora_name, generation=body.generation)
         except LoRANotFoundError as exc:
             raise APIError(str(exc), 404, param=exc.param) from None
         return LoRAAdapterResponse(lora_name=body.lora_name, status="unloaded").model_dump()

@@ -14,10 +14,20 @@ from pagoda.runtime.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     ErrorResponse,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 
-REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_MODELS = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
+    # Their `generation` is an int64 too.
+    LoadLoRAAdapterRequest,
+    UnloadLoRAAdapterRequest,
+)
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 

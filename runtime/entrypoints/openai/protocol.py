@@ -365,6 +365,14 @@ class ModelCard(OpenAIModel):
     max_model_len: int
 
 
+# Pagoda's extension to vLLM's adapter routes: the LLMService generation
+# (`metadata.generation`, an int64) the caller acts for. The operator sends it
+# so that the pod's adapters file, which lags, cannot undo a newer call
+# (lora_registry.py); a user's own calls leave it out. Strict: "3", 3.0 and
+# true are refused, not coerced.
+Generation = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+
+
 class LoadLoRAAdapterRequest(OpenAIModel):
     lora_name: str = Field(min_length=1, max_length=128)
     # A folder the server can read, or hf://org/repo[/subfolder] from its cache.
@@ -372,10 +380,12 @@ class LoadLoRAAdapterRequest(OpenAIModel):
     # Load another folder under a name already taken: requests in flight
     # finish on the old weights, new ones get the new.
     replace: bool = False
+    generation: Generation | None = None
 
 
 class UnloadLoRAAdapterRequest(OpenAIModel):
     lora_name: str = Field(min_length=1, max_length=128)
+    generation: Generation | None = None
 
 
 class LoRAAdapterResponse(OpenAIModel):

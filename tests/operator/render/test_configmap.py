@@ -79,14 +79,12 @@ def test_every_variable_is_one_the_runtime_reads() -> None:
     assert set(full) <= known, set(full) - known
 
 
-def test_the_adapters_file_lists_pod_paths_in_spec_order() -> None:
-    import json
-
-    from pagoda.operator.render.configmap import render_adapters_configmap
-    from pagoda.runtime.entrypoints.openai.lora_file import parse_adapters_file
-
-    body = {
-        "metadata": {"name": "chat", "namespace": "ml", "uid": "u"},
+def adapters_body(generation: int | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "chat", "namespace": "ml", "uid": "u"}
+    if generation is not None:
+        meta["generation"] = generation
+    return {
+        "metadata": meta,
         "spec": {
             "model": "pvc://models/base",
             "adapters": [
@@ -95,10 +93,44 @@ def test_the_adapters_file_lists_pod_paths_in_spec_order() -> None:
             ],
         },
     }
-    cm = render_adapters_configmap(parse(body, OperatorConfig()))
+
+
+def test_the_adapters_file_lists_pod_paths_in_spec_order_with_the_generation() -> None:
+    import json
+
+    from pagoda.operator.render.configmap import render_adapters_configmap
+    from pagoda.runtime.entrypoints.openai.lora_file import AdaptersFile, parse_adapters_file
+
+    cm = render_adapters_configmap(parse(adapters_body(generation=4), OperatorConfig()))
     kubernetes_validate.validate(cm, "1.30", strict=True)
     assert cm["metadata"]["name"] == "chat-adapters"
     text = cm["data"]["adapters.json"]
     # The runtime's own parser reads what the operator writes.
-    assert parse_adapters_file(text) == {"sql": "/mnt/models/loras/sql", "chat-fr": "/opt/fr"}
-    assert json.loads(text)[0] == {"name": "sql", "path": "/mnt/models/loras/sql"}
+    assert parse_adapters_file(text) == AdaptersFile(
+        {"sql": "/mnt/models/loras/sql", "chat-fr": "/opt/fr"}, generation=4
+    )
+    data = json.loads(text)
+    assert data["generation"] == 4
+    assert data["adapters"][0] == {"name": "sql", "path": "/mnt/models/loras/sql"}
+    # One adapter a line: a diff of the ConfigMap shows which one changed.
+    assert '\n    {"name": "chat-fr", "path": "/opt/fr"}\n' in text
+
+
+def test_the_adapters_file_follows_the_generation_and_leaves_an_unknown_one_out() -> None:
+    import json
+
+    from pagoda.operator.render.configmap import adapters_file
+    from pagoda.runtime.entrypoints.openai.lora_file import parse_adapters_file
+
+    # Each new spec rewrites the file, even with the same adapters: the pods
+    # must learn that it is no longer older than the calls they got.
+    later = adapters_file(parse(adapters_body(generation=5), OperatorConfig()))
+    assert parse_adapters_file(later).generation == 5
+    unknown = adapters_file(parse(adapters_body(generation=None), OperatorConfig()))
+    assert "generation" not in json.loads(unknown)
+    assert parse_adapters_file(unknown).generation is None
+    empty = {"metadata": {"name": "c", "generation": 2}, "spec": {"model": "m", "lora": {}}}
+    assert json.loads(adapters_file(parse(empty, OperatorConfig()))) == {
+        "generation": 2,
+        "adapters": [],
+    }
