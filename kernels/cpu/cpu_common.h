@@ -58,15 +58,18 @@ class FlushDenormals {
 constexpr float kMasked = -1e30f;
 
 
-// One block of a row's online softmax. `s` holds the row's 16 scores, of
-// which the first `valid` count (the others are masked: causal, or past the
-// context); they become the unnormalized probabilities exp(s - max), zero
-// where masked. `max` and `sum` are the row's running maximum and sum;
-// `corr` is what the row's accumulator must be multiplied by.
-inline void softmax_block16(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
-  valid = std::max<int64_t>(0, std::min<int64_t>(16, valid));
+// One span of a row's online softmax: N (16 or 32) keys. `s` holds the
+// row's N scores, of which the first `valid` count (the others are masked:
+// causal, or past the context); they become the unnormalized probabilities
+// exp(s - max), zero where masked. `max` and `sum` are the row's running
+// maximum and sum; `corr` is what the row's accumulator must be multiplied
+// by. A span of 32 pays one maximum, one sum and one rescale (horizontal
+// reductions, a scalar exp) for twice the keys.
+template <int64_t N>
+inline void softmax_span(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
+  valid = std::max<int64_t>(0, std::min<int64_t>(N, valid));
 #if defined(PAGODA_VEC)
-  constexpr int kVecs = 16 / kLanes;
+  constexpr int kVecs = N / kLanes;
   vfloat sr[kVecs];
   vfloat top = vset1(kMasked);
   for (int j = 0; j < kVecs; ++j) {
@@ -89,7 +92,7 @@ inline void softmax_block16(float* __restrict s, int64_t valid, float& max, floa
   float m = max;
   for (int64_t k = 0; k < valid; ++k) m = std::max(m, s[k]);
   float total = 0.f;
-  for (int64_t k = 0; k < 16; ++k) {
+  for (int64_t k = 0; k < N; ++k) {
     s[k] = k < valid ? std::exp(s[k] - m) : 0.f;
     total += s[k];
   }
@@ -99,5 +102,9 @@ inline void softmax_block16(float* __restrict s, int64_t valid, float& max, floa
 #endif
 }
 
+// One block of 16 keys (the decode kernel's unit).
+inline void softmax_block16(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
+  softmax_span<16>(s, valid, max, sum, corr);
+}
 
 }  // namespace pagoda_cpu

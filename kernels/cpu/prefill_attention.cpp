@@ -31,7 +31,7 @@ namespace {
 
 using pagoda_cpu::FlushDenormals;
 using pagoda_cpu::kMasked;
-using pagoda_cpu::softmax_block16;
+using pagoda_cpu::softmax_span;
 
 // Positions per block the kernel is written for (the engine's block size);
 // other sizes go to the torch path.
@@ -42,10 +42,15 @@ constexpr int64_t kBlock = 16;
 constexpr int64_t kTileQ = 32;
 // Rows whose scores are computed together: independent FMA chains.
 constexpr int64_t kRowBlock = 8;
+// Keys per softmax update: two blocks. Each update costs a row a horizontal
+// maximum, a horizontal sum, a scalar exp and a rescale of its accumulator,
+// about as many instructions as the row's 16-key dot products in bf16; a
+// span of two blocks pays them once for 32 keys.
+constexpr int64_t kSpan = 2 * kBlock;
 
 template <int64_t D, int64_t R>
 inline void scores_rows(const float* __restrict q, const float* __restrict kt,
-                        float* __restrict s) {
+                        float* __restrict s, int64_t s_stride) {
   float acc[R][kBlock] = {};
   for (int64_t d = 0; d < D; ++d) {
     const float* krow = kt + d * kBlock;
@@ -55,7 +60,7 @@ inline void scores_rows(const float* __restrict q, const float* __restrict kt,
     }
   }
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t k = 0; k < kBlock; ++k) s[r * kBlock + k] = acc[r][k];
+    for (int64_t k = 0; k < kBlock; ++k) s[r * s_stride + k] = acc[r][k];
 }
 
 #if defined(PAGODA_VEC)
@@ -101,7 +106,7 @@ constexpr int64_t kVecRowBlock = kLanes == 16 ? 8 / kScoreVecs : 6;
 // of D / kPerWord words, K as [D / kPerWord][kBlock] words.
 template <typename L, int64_t D, int64_t R>
 inline void scores_rows_vec(const typename L::Word* __restrict q, const typename L::Word* __restrict kt,
-                            float* __restrict s) {
+                            float* __restrict s, int64_t s_stride) {
   constexpr int64_t J = D / L::kPerWord;
   vfloat acc[R][kScoreVecs];
   for (int64_t r = 0; r < R; ++r)
@@ -115,27 +120,39 @@ inline void scores_rows_vec(const typename L::Word* __restrict q, const typename
     }
   }
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < kScoreVecs; ++i) pagoda_cpu::vstore(s + r * kBlock + i * kLanes, acc[r][i]);
+    for (int64_t i = 0; i < kScoreVecs; ++i) pagoda_cpu::vstore(s + r * s_stride + i * kLanes, acc[r][i]);
 }
 
 // acc[r][d0:d0 + DV kLanes] = (the same) * corr[r] + sum_k p[r][k] v[k][...],
-// R rows at once: p rows of kBlock / kPerWord words, V as [steps][D] words.
+// R rows at once, over a span's two blocks: p rows of kSpan / kPerWord
+// words (the first block's, then the second's), each block's V as
+// [steps][D] words (steps1 is 0 for a span of one block).
 template <typename L, int64_t D, int64_t R, int64_t DV>
 inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* __restrict p,
-                                const float* __restrict corr, const typename L::Word* __restrict v,
-                                int64_t steps, int64_t d0) {
-  constexpr int64_t P = kBlock / L::kPerWord;
+                                const float* __restrict corr, const typename L::Word* __restrict v0,
+                                int64_t steps0, const typename L::Word* __restrict v1, int64_t steps1,
+                                int64_t d0) {
+  constexpr int64_t P = kSpan / L::kPerWord;
+  constexpr int64_t kSecond = kBlock / L::kPerWord;  // the second block's first word in a p row
   vfloat a[R][DV];
   for (int64_t r = 0; r < R; ++r) {
     const vfloat c = pagoda_cpu::vset1(corr[r]);
     for (int64_t i = 0; i < DV; ++i)
       a[r][i] = pagoda_cpu::vmul(pagoda_cpu::vload(acc + r * D + d0 + kLanes * i), c);
   }
-  for (int64_t k = 0; k < steps; ++k) {
+  for (int64_t k = 0; k < steps0; ++k) {
     vfloat vv[DV];
-    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v + k * D + d0 + kLanes * i);
+    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v0 + k * D + d0 + kLanes * i);
     for (int64_t r = 0; r < R; ++r) {
       const vfloat pk = L::broadcast(p + r * P + k);
+      for (int64_t i = 0; i < DV; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
+    }
+  }
+  for (int64_t k = 0; k < steps1; ++k) {
+    vfloat vv[DV];
+    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v1 + k * D + d0 + kLanes * i);
+    for (int64_t r = 0; r < R; ++r) {
+      const vfloat pk = L::broadcast(p + r * P + kSecond + k);
       for (int64_t i = 0; i < DV; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
     }
   }
@@ -143,19 +160,21 @@ inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* _
     for (int64_t i = 0; i < DV; ++i) pagoda_cpu::vstore(acc + r * D + d0 + kLanes * i, a[r][i]);
 }
 
+// Scores of one block's 16 keys for every row, into s rows of kSpan floats.
 template <typename L, int64_t D>
 inline void scores_vec(const typename L::Word* q, const typename L::Word* kt, float* s, int64_t rows) {
   constexpr int64_t J = D / L::kPerWord;
   int64_t r = 0;
   for (; r + kVecRowBlock <= rows; r += kVecRowBlock)
-    scores_rows_vec<L, D, kVecRowBlock>(q + r * J, kt, s + r * kBlock);
-  for (; r < rows; ++r) scores_rows_vec<L, D, 1>(q + r * J, kt, s + r * kBlock);
+    scores_rows_vec<L, D, kVecRowBlock>(q + r * J, kt, s + r * kSpan, kSpan);
+  for (; r < rows; ++r) scores_rows_vec<L, D, 1>(q + r * J, kt, s + r * kSpan, kSpan);
 }
 
 template <typename L, int64_t D>
 inline void accumulate_vec(float* acc, const typename L::Word* p, const float* corr,
-                           const typename L::Word* v, int64_t rows, int64_t steps) {
-  constexpr int64_t P = kBlock / L::kPerWord;
+                           const typename L::Word* v0, int64_t steps0, const typename L::Word* v1,
+                           int64_t steps1, int64_t rows) {
+  constexpr int64_t P = kSpan / L::kPerWord;
   // Rows x DV accumulators in registers: AVX-512 (32 registers) takes a
   // whole row of D in 16; AVX2 (16 registers) two vectors of 6 rows in 12,
   // 2 V loads and 6 broadcasts per 12 FMAs, the linear kernel's tile (the
@@ -167,8 +186,9 @@ inline void accumulate_vec(float* acc, const typename L::Word* p, const float* c
   for (int64_t d0 = 0; d0 < D; d0 += DV * kLanes) {
     int64_t r = 0;
     for (; r + RA <= rows; r += RA)
-      accumulate_rows_vec<L, D, RA, DV>(acc + r * D, p + r * P, corr + r, v, steps, d0);
-    for (; r < rows; ++r) accumulate_rows_vec<L, D, 1, DV>(acc + r * D, p + r * P, corr + r, v, steps, d0);
+      accumulate_rows_vec<L, D, RA, DV>(acc + r * D, p + r * P, corr + r, v0, steps0, v1, steps1, d0);
+    for (; r < rows; ++r)
+      accumulate_rows_vec<L, D, 1, DV>(acc + r * D, p + r * P, corr + r, v0, steps0, v1, steps1, d0);
   }
 }
 #endif
@@ -181,22 +201,24 @@ inline void scores(const float* q, const float* kt, float* s, int64_t rows) {
 #endif
   int64_t r = 0;
   for (; r + kRowBlock <= rows; r += kRowBlock)
-    scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kBlock);
-  for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kBlock);
+    scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kSpan, kSpan);
+  for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kSpan, kSpan);
 }
 
-// acc[r] = acc[r] * corr[r] + sum_k p[r][k] * v[k], four rows at a time.
+// acc[r] = acc[r] * corr[r] + sum_k p[r][k] * v[k] over a span's two
+// blocks (p rows of kSpan), four rows at a time.
 template <int64_t D, int64_t R>
 inline void accumulate_rows(float* __restrict acc, const float* __restrict p,
-                            const float* __restrict corr, const float* __restrict v,
-                            int64_t keys) {
+                            const float* __restrict corr, const float* __restrict v0, int64_t keys0,
+                            const float* __restrict v1, int64_t keys1) {
   float a[R][D];
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) a[r][d] = acc[r * D + d] * corr[r];
-  for (int64_t k = 0; k < keys; ++k) {
-    const float* vrow = v + k * D;
+  for (int64_t k = 0; k < keys0 + keys1; ++k) {
+    const float* vrow = k < keys0 ? v0 + k * D : v1 + (k - keys0) * D;
+    const int64_t col = k < keys0 ? k : kBlock + k - keys0;
     for (int64_t r = 0; r < R; ++r) {
-      const float pk = p[r * kBlock + k];
+      const float pk = p[r * kSpan + col];
       for (int64_t d = 0; d < D; ++d) a[r][d] += pk * vrow[d];
     }
   }
@@ -205,16 +227,17 @@ inline void accumulate_rows(float* __restrict acc, const float* __restrict p,
 }
 
 template <int64_t D>
-inline void accumulate(float* acc, const float* p, const float* corr, const float* v,
-                       int64_t rows, int64_t keys) {
+inline void accumulate(float* acc, const float* p, const float* corr, const float* v0, int64_t keys0,
+                       const float* v1, int64_t keys1, int64_t rows) {
 #if defined(PAGODA_VEC)
-  accumulate_vec<FloatLanes, D>(acc, p, corr, v, rows, keys);
+  accumulate_vec<FloatLanes, D>(acc, p, corr, v0, keys0, v1, keys1, rows);
   return;
 #endif
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    accumulate_rows<D, 4>(acc + r * D, p + r * kBlock, corr + r, v, keys);
-  for (; r < rows; ++r) accumulate_rows<D, 1>(acc + r * D, p + r * kBlock, corr + r, v, keys);
+    accumulate_rows<D, 4>(acc + r * D, p + r * kSpan, corr + r, v0, keys0, v1, keys1);
+  for (; r < rows; ++r)
+    accumulate_rows<D, 1>(acc + r * D, p + r * kSpan, corr + r, v0, keys0, v1, keys1);
 }
 
 struct Task {
@@ -320,7 +343,7 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
     FlushDenormals ftz;
     const int64_t max_rows = kTileQ * group;
     // Rows are (query position, head of the group), position-major.
-    std::vector<float> q(max_rows * D), acc(max_rows * D), s(max_rows * kBlock);
+    std::vector<float> q(max_rows * D), acc(max_rows * D), s(max_rows * kSpan);
     std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
@@ -345,16 +368,27 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
       const int64_t first_pos = offset + task.q_begin;
       const int64_t last_pos = offset + task.q_end - 1;
       const int64_t n_blocks = last_pos / kBlock + 1;
-      for (int64_t b = 0; b < n_blocks; ++b) {
+      for (int64_t b = 0; b < n_blocks; b += 2) {
+        // A span of two blocks (one at the end of an odd count).
         const int64_t base = b * kBlock;
-        const int64_t keys = std::min(kBlock, last_pos + 1 - base);
-        const float* kt = packed.at(task.req, b, task.kv_head);
-        scores<D>(q.data(), kt, s.data(), rows);
+        const bool pair = b + 1 < n_blocks;
+        const int64_t keys0 = std::min(kBlock, last_pos + 1 - base);
+        const int64_t keys1 = pair ? std::min(kBlock, last_pos + 1 - base - kBlock) : 0;
+        const float* kt0 = packed.at(task.req, b, task.kv_head);
+        const float* kt1 = pair ? packed.at(task.req, b + 1, task.kv_head) : kt0;
+        scores<D>(q.data(), kt0, s.data(), rows);
+        if (pair) scores<D>(q.data(), kt1, s.data() + kBlock, rows);
         // Row r (position first_pos + r / group) sees keys up to its position;
         // the softmax zeroes the probabilities of the later keys.
-        for (int64_t r = 0; r < rows; ++r)
-          softmax_block16(s.data() + r * kBlock, first_pos + r / group - base + 1, maxes[r], sums[r], corr[r]);
-        accumulate<D>(acc.data(), s.data(), corr.data(), kt + W, rows, keys);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = s.data() + r * kSpan;
+          const int64_t valid = first_pos + r / group - base + 1;
+          if (pair)
+            softmax_span<kSpan>(sr, valid, maxes[r], sums[r], corr[r]);
+          else
+            softmax_span<kBlock>(sr, valid, maxes[r], sums[r], corr[r]);
+        }
+        accumulate<D>(acc.data(), s.data(), corr.data(), kt0 + W, keys0, kt1 + W, keys1, rows);
       }
       for (int64_t i = 0; i < n_pos; ++i) {
         const int64_t tok = first_tok + task.q_begin + i;
@@ -445,8 +479,8 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
     FlushDenormals ftz;
     const int64_t max_rows = kTileQ * group;
-    std::vector<uint32_t> q(max_rows * D / 2), p(max_rows * kBlock / 2);
-    std::vector<float> acc(max_rows * D), s(max_rows * kBlock);
+    std::vector<uint32_t> q(max_rows * D / 2), p(max_rows * kSpan / 2);
+    std::vector<float> acc(max_rows * D), s(max_rows * kSpan);
     std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
@@ -471,19 +505,31 @@ void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::
       const int64_t first_pos = offset + task.q_begin;
       const int64_t last_pos = offset + task.q_end - 1;
       const int64_t n_blocks = last_pos / kBlock + 1;
-      for (int64_t b = 0; b < n_blocks; ++b) {
+      for (int64_t b = 0; b < n_blocks; b += 2) {
+        // A span of two blocks (one at the end of an odd count).
         const int64_t base = b * kBlock;
-        const int64_t keys = std::min(kBlock, last_pos + 1 - base);
-        const uint32_t* kp = packed.at(task.req, b, task.kv_head);
-        const uint32_t* vp = kp + W;
-        scores_vec<BFloat16Lanes, D>(q.data(), kp, s.data(), rows);
+        const bool pair = b + 1 < n_blocks;
+        const int64_t keys0 = std::min(kBlock, last_pos + 1 - base);
+        const int64_t keys1 = pair ? std::min(kBlock, last_pos + 1 - base - kBlock) : 0;
+        const uint32_t* kp0 = packed.at(task.req, b, task.kv_head);
+        const uint32_t* kp1 = pair ? packed.at(task.req, b + 1, task.kv_head) : kp0;
+        scores_vec<BFloat16Lanes, D>(q.data(), kp0, s.data(), rows);
+        if (pair) scores_vec<BFloat16Lanes, D>(q.data(), kp1, s.data() + kBlock, rows);
         for (int64_t r = 0; r < rows; ++r) {
-          float* sr = s.data() + r * kBlock;
-          softmax_block16(sr, first_pos + r / group - base + 1, maxes[r], sums[r], corr[r]);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.data() + r * (kBlock / 2)),
-                              (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr)));
+          float* sr = s.data() + r * kSpan;
+          const int64_t valid = first_pos + r / group - base + 1;
+          uint32_t* pr = p.data() + r * (kSpan / 2);
+          if (pair) {
+            softmax_span<kSpan>(sr, valid, maxes[r], sums[r], corr[r]);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + kBlock / 2),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + kBlock)));
+          } else {
+            softmax_span<kBlock>(sr, valid, maxes[r], sums[r], corr[r]);
+          }
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr)));
         }
-        accumulate_vec<BFloat16Lanes, D>(acc.data(), p.data(), corr.data(), vp, rows, (keys + 1) / 2);
+        accumulate_vec<BFloat16Lanes, D>(acc.data(), p.data(), corr.data(), kp0 + W, (keys0 + 1) / 2,
+                                         kp1 + W, (keys1 + 1) / 2, rows);
       }
       for (int64_t i = 0; i < n_pos; ++i) {
         const int64_t tok = first_tok + task.q_begin + i;
