@@ -207,7 +207,9 @@ async def test_a_spec_without_a_generation_sends_none() -> None:
     assert pods.generations == [None]
 
 
-async def test_the_http_client_sends_the_generation_with_vllms_fields() -> None:
+async def test_the_http_client_sends_the_generation_with_vllms_fields(
+    local_http_server,
+) -> None:
     bodies: list[tuple[str, dict[str, Any]]] = []
 
     async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
@@ -221,21 +223,15 @@ async def test_the_http_client_sends_the_generation_with_vllms_fields() -> None:
     app = aiohttp.web.Application()
     app.router.add_post("/v1/load_lora_adapter", record)
     app.router.add_post("/v1/unload_lora_adapter", record)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = HttpPodClient(timeout=5)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await client.load(url, "sql", "/a/sql", generation=7)
-        await client.unload(url, "sql", generation=8)
-        await client.unload(url, "gone", generation=8)  # a 404 is not an error
-        await client.load(url, "sql", "/a/sql", generation=None)
-    finally:
-        await client.close()
-        await runner.cleanup()
+    async with local_http_server(app) as url:
+        try:
+            await client.load(url, "sql", "/a/sql", generation=7)
+            await client.unload(url, "sql", generation=8)
+            await client.unload(url, "gone", generation=8)  # a 404 is not an error
+            await client.load(url, "sql", "/a/sql", generation=None)
+        finally:
+            await client.close()
     assert bodies == [
         (
             "/v1/load_lora_adapter",

@@ -202,7 +202,7 @@ async def test_concurrency_is_bounded() -> None:
     assert peak == 3
 
 
-async def test_http_fetch_against_a_real_server() -> None:
+async def test_http_fetch_against_a_real_server(local_http_server) -> None:
     async def metrics(request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(text=runtime_exposition(1, 2, 0, 0.5))
 
@@ -216,27 +216,21 @@ async def test_http_fetch_against_a_real_server() -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/broken", broken)
     app.router.add_get("/huge", huge)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     fetch = HttpFetch()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        result = await scrape(
-            [
-                Target("ok", base + "/metrics"),
-                Target("500", base + "/broken"),
-                Target("huge", base + "/huge"),
-                Target("gone", "http://127.0.0.1:1/metrics"),
-            ],
-            fetch,
-            timeout=2,
-        )
-    finally:
-        await fetch.close()
-        await runner.cleanup()
+    async with local_http_server(app) as base:
+        try:
+            result = await scrape(
+                [
+                    Target("ok", base + "/metrics"),
+                    Target("500", base + "/broken"),
+                    Target("huge", base + "/huge"),
+                    Target("gone", "http://127.0.0.1:1/metrics"),
+                ],
+                fetch,
+                timeout=2,
+            )
+        finally:
+            await fetch.close()
     assert result["ok"] == Reading(
         queue=1, running=2, kv_cache_usage=0.5, received=0, finished=0, busy_seconds=0
     )
