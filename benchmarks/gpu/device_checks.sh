@@ -7,8 +7,9 @@
 # timeout so a hang costs one step, not the call; logs and JSON go to $LOGS,
 # packed after every step into $OUT/logs.tgz (the device tool brings back a
 # few files of $OUT only). The machine has torch and triton but not the
-# server's packages: they travel as wheels in .whl/ (carry it), and pagoda is
-# put on the path as a folder of links rather than installed.
+# server's packages: they travel as wheels in .whl/ (made by
+# benchmarks/gpu/fetch_wheels.sh; carry it), and pagoda is put on the path as
+# a folder of links rather than installed.
 set -u
 OUT=${OUT:-/tmp/pagoda-device-out}
 LOGS=/tmp/pagoda-logs
