@@ -16,10 +16,12 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp.web
 import pytest
 from kubesim.apiserver import APPLY, ApiServer
+from kubesim.http import serve_app
 from kubesim.operator import OperatorThread, write_kubeconfig
 from kubesim.resources import declare
 from kubesim.testing import (
@@ -174,12 +176,8 @@ async def _autoscaling(server: ApiServer) -> None:
         return aiohttp.web.Response(text="vllm:num_requests_waiting 40\n")
 
     app.router.add_get("/metrics", busy)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serve_app(app) as base_url:
+        port = urlsplit(base_url).port
         auto = {"maxReplicas": 4, "metricsIntervalSeconds": 1}
         await create(server, llmservice("auto", autoscaling=auto))
         pod = {
@@ -203,8 +201,6 @@ async def _autoscaling(server: ApiServer) -> None:
         await eventually(lambda: exists(server, SCALEDOBJECTS, "auto"))
         await patch(server, path_of(LLMS, NS, "auto"), {"spec": {"autoscaling": None}})
         await eventually(lambda: not exists(server, SCALEDOBJECTS, "auto"))
-    finally:
-        await runner.cleanup()
 
 
 def granted(roles: list[dict[str, Any]]) -> set[Grant]:

@@ -69,25 +69,3 @@ async def operator(
     """The operator with the test configuration, running against `cluster`."""
     async with run_operator():
         yield cluster
-
-
-@pytest.fixture
-def local_http_server() -> Callable[[Any], contextlib.AbstractAsyncContextManager[str]]:
-    """`async with local_http_server(app) as base_url`: an aiohttp app served
-    on 127.0.0.1 at a free port, stopped on exit (the operator's HTTP clients
-    against a real server)."""
-    import aiohttp.web
-
-    @contextlib.asynccontextmanager
-    async def serve(app: aiohttp.web.Application) -> AsyncIterator[str]:
-        runner = aiohttp.web.AppRunner(app)
-        await runner.setup()
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            await runner.cleanup()
-
-    return serve

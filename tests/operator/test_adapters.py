@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp.web
 import pytest
+from kubesim.http import serve_app
 from pagoda.operator.adapters import (
     FAILURE_THRESHOLD,
     AdapterSync,
@@ -207,9 +208,7 @@ async def test_a_spec_without_a_generation_sends_none() -> None:
     assert pods.generations == [None]
 
 
-async def test_the_http_client_sends_the_generation_with_vllms_fields(
-    local_http_server,
-) -> None:
+async def test_the_http_client_sends_the_generation_with_vllms_fields() -> None:
     bodies: list[tuple[str, dict[str, Any]]] = []
 
     async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
@@ -224,7 +223,7 @@ async def test_the_http_client_sends_the_generation_with_vllms_fields(
     app.router.add_post("/v1/load_lora_adapter", record)
     app.router.add_post("/v1/unload_lora_adapter", record)
     client = HttpPodClient(timeout=5)
-    async with local_http_server(app) as url:
+    async with serve_app(app) as url:
         try:
             await client.load(url, "sql", "/a/sql", generation=7)
             await client.unload(url, "sql", generation=8)

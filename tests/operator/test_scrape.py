@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp.web
 import pytest
+from kubesim.http import serve_app
 from pagoda.operator.scaler import PodSample
 from pagoda.operator.scrape import (
     HttpFetch,
@@ -202,7 +203,7 @@ async def test_concurrency_is_bounded() -> None:
     assert peak == 3
 
 
-async def test_http_fetch_against_a_real_server(local_http_server) -> None:
+async def test_http_fetch_against_a_real_server() -> None:
     async def metrics(request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(text=runtime_exposition(1, 2, 0, 0.5))
 
@@ -217,7 +218,7 @@ async def test_http_fetch_against_a_real_server(local_http_server) -> None:
     app.router.add_get("/broken", broken)
     app.router.add_get("/huge", huge)
     fetch = HttpFetch()
-    async with local_http_server(app) as base:
+    async with serve_app(app) as base:
         try:
             result = await scrape(
                 [

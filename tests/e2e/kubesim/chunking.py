@@ -9,10 +9,12 @@ a real cluster. Watch streams pass through chunk by chunk.
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 
 import aiohttp
 import aiohttp.web
+from kubesim.http import serve_app
 
 # Hop-by-hop and framing headers: the proxy sets its own framing.
 _DROPPED = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
@@ -25,7 +27,7 @@ class ChunkingProxy:
         self.upstream = upstream.rstrip("/")
         self.chunk_size = chunk_size
         self.chunked_responses = 0
-        self._runner: aiohttp.web.AppRunner | None = None
+        self._server: contextlib.AbstractAsyncContextManager[str] | None = None
         self._session: aiohttp.ClientSession | None = None
         self.url = ""
 
@@ -33,12 +35,8 @@ class ChunkingProxy:
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = aiohttp.web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = aiohttp.web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._server = serve_app(app, shutdown_timeout=1.0)
+        self.url = await self._server.__aenter__()
         return self
 
     async def __aexit__(
@@ -47,10 +45,10 @@ class ChunkingProxy:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._runner is not None and self._session is not None
+        assert self._server is not None and self._session is not None
         # Upstream first: open watch streams then end, and so do their handlers.
         await self._session.close()
-        await self._runner.cleanup()
+        await self._server.__aexit__(exc_type, exc, tb)
 
     async def _forward(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         assert self._session is not None

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from aiohttp import web
+from kubesim.http import serve_app
 from pagoda.runtime.entrypoints.bench_serve import (
     BenchRequest,
     random_dataset,
@@ -82,15 +83,8 @@ async def scripted_server(aiohttp_events, path_prefix: str = ""):
     app = web.Application()
     app.router.add_get(f"{path_prefix}/v1/models", models)
     app.router.add_post(f"{path_prefix}/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}{path_prefix}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as base_url:
+        yield f"{base_url}{path_prefix}", seen
 
 
 def _requests(n: int, output_len: int) -> list[BenchRequest]:
