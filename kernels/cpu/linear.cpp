@@ -67,8 +67,9 @@ constexpr int64_t kBlockBytes = kLanes == 16 ? 256 * 1024 : 16 * 1024;
 // forward without, 29.0-29.4 with, and its LM head 5.1-5.2 ms against
 // 4.1-4.2; float32 41.4-42.4 against 36.5-37.7. The exception is one row
 // of float32 on AVX-512, a plain read the hardware prefetcher already
-// keeps busy: 15.7 against 16.4 ms when every tile prefetched it. AVX2 (16 KB blocks, kept in L1) prefetches in
-// every call, as it did (16 KB ahead) when its kernel was measured.
+// keeps busy: 15.7 against 16.4 ms when every tile prefetched it. AVX2
+// (16 KB blocks, kept in L1) prefetches in every call, as it did (16 KB
+// ahead) when its kernel was measured.
 template <typename T>
 bool prefetch_next_block(int64_t rows) {
   if constexpr (kLanes == 8) return true;

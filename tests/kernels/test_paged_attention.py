@@ -3,6 +3,8 @@ against a float64 attention computed from the true K/V."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from pagoda.kernels import reference
@@ -169,11 +171,31 @@ def test_requests_of_no_positions_come_back_zero(num_splits, paged_batch, device
     assert (out[2:] == 0).all()
 
 
-def test_warm_up_launches_every_split_factor_for_both_batch_kinds(device):
-    from pagoda.kernels.paged_attention import MAX_SPLITS, warm_up_paged_attention
+def test_warm_up_launches_every_variant_a_step_can_choose(device, monkeypatch):
+    """The warm-up compiles, for decode-only and mixed batches, every split
+    factor `choose_num_splits` can return: one it leaves out would be
+    compiled in a serving step instead."""
+    # The module, not the `paged_attention` op that pagoda.kernels exports.
+    pa = importlib.import_module("pagoda.kernels.paged_attention")
 
+    launched = []
+    real = pa.paged_attention_triton
+
+    def record(query, *args, max_query_len, num_splits, **kwargs):
+        launched.append((max_query_len == 1, num_splits))
+        return real(query, *args, max_query_len=max_query_len, num_splits=num_splits, **kwargs)
+
+    monkeypatch.setattr(pa, "paged_attention_triton", record)
     cache = torch.randn(2, 4, 16, 1, 32, device=device)
     before = cache.clone()
-    launches = warm_up_paged_attention(cache, 2, torch.float32, 32**-0.5)
-    assert launches == 2 * MAX_SPLITS.bit_length()
+    assert pa.warm_up_paged_attention(cache, 2, torch.float32, 32**-0.5) == len(launched)
     assert torch.equal(cache, before)  # it reads the cache, writes none of it
+    chosen = {
+        pa.choose_num_splits(blocks, kv_heads, seq_len, sms)
+        for blocks in (1, 2, 3, 7, 64, 1000)
+        for kv_heads in (1, 2, 8)
+        for seq_len in (1, 200, 4096, 10**6)
+        for sms in (1, 16, 132)
+    }
+    for decode_only in (True, False):
+        assert chosen <= {splits for kind, splits in launched if kind == decode_only}
