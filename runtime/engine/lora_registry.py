@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -89,6 +90,9 @@ class LoRARegistry:
         self.adapters: dict[str, LoRARequest] = {}
         # What the user gave (before hf:// resolution), shown by /v1/models.
         self.sources: dict[str, str] = {}
+        # When each name was loaded (Unix seconds): /v1/models' `created`,
+        # stable across listings as OpenAI's is.
+        self.loaded_at: dict[str, int] = {}
         self.names: dict[int, str] = {}  # every id ever loaded -> its name
         self._next_id = 0
         self._lock = asyncio.Lock()
@@ -178,6 +182,7 @@ class LoRARegistry:
                 raise
             self.adapters[name] = lora
             self.sources[name] = path
+            self.loaded_at[name] = int(time.time())
             self.names[lora.lora_int_id] = name
             self._on_event("load", "replaced" if old is not None else "ok")
             logger.info("LoRA adapter %r loaded from %s (id %d)", name, path, lora.lora_int_id)
@@ -199,6 +204,7 @@ class LoRARegistry:
                 self._on_event("unload", "not_found")
                 raise LoRANotFoundError(f"no LoRA adapter named {name!r}", param="lora_name")
             self.sources.pop(name, None)
+            self.loaded_at.pop(name, None)
             self._on_event("unload", "ok")
             logger.info("LoRA adapter %r unloaded (id %d)", name, lora.lora_int_id)
             self._retire(lora.lora_int_id)

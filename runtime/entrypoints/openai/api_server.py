@@ -95,6 +95,10 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
     """The FastAPI app over a running engine."""
     state = state or ServerState()
     model_name = config.served_model_name or engine.args.model
+    # /v1/models' `created` for the base model: when this server came up, the
+    # same in every listing (OpenAI's is fixed per model; a listing-time value
+    # makes clients that diff or cache the list see it change every second).
+    started = int(time.time())
     serving_config = ServingConfig(model_name)
     engine.max_waiting_requests = config.max_waiting_requests
     completions = OpenAIServingCompletion(engine, serving_config)
@@ -165,7 +169,12 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
     @app.get("/v1/models", response_model=ModelList, responses=COMMON_ERRORS)
     async def models() -> dict:
         cards = [
-            ModelCard(id=model_name, root=engine.args.model, max_model_len=engine.max_model_len)
+            ModelCard(
+                id=model_name,
+                created=started,
+                root=engine.args.model,
+                max_model_len=engine.max_model_len,
+            )
         ]
         if engine.lora_registry is not None:
             cards += adapter_cards(engine.lora_registry, engine.max_model_len)

@@ -37,6 +37,7 @@ def adapter_cards(registry: LoRARegistry, max_model_len: int) -> list[ModelCard]
     return [
         ModelCard(
             id=name,
+            created=registry.loaded_at[name],
             root=registry.sources[name],
             parent=registry.base_model_name,
             max_model_len=max_model_len,

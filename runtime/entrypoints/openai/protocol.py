@@ -357,7 +357,7 @@ class CompletionChunk(OpenAIModel):
 class ModelCard(OpenAIModel):
     id: str
     object: str = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int  # fixed per model: server start, or the adapter's load
     owned_by: str = "pagoda"
     root: str
     # For a LoRA adapter: the base model it runs on (vLLM's field).

@@ -97,7 +97,13 @@ def test_load_list_select_and_unload(server, smollm2_adapters, expected):
         post(server, "/v1/load_lora_adapter", {"lora_name": "b", "lora_path": path}).status_code
         == 200
     )
-    assert models(server)["b"] == {**models(server)["b"], "parent": MODEL, "root": path}
+    listed = models(server)
+    assert listed["b"] == {**listed["b"], "parent": MODEL, "root": path}
+    assert listed["b"]["created"] >= listed[MODEL]["created"]
+    # `created` is when the model came up, not when it was listed: a listing
+    # in the next second is the same (clients diff and cache this list).
+    time.sleep(1.05)
+    assert models(server) == listed
     assert complete(server, "b").json()["choices"][0]["text"] == expected["beta"]
     assert complete(server, MODEL).json()["choices"][0]["text"] == expected["base"]
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "b"}).status_code == 200
