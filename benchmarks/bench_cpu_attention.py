@@ -97,6 +97,7 @@ def main() -> int:
         action="store_true",
         help="also decode at batch 16 from one cache, K/V in cache (the compute alone)",
     )
+    p.add_argument("--prefill-only", action="store_true", help="skip the decode calls")
     ns = p.parse_args()
     torch.set_num_threads(ns.threads)
     ext = load_extension(ns.so)
@@ -109,10 +110,10 @@ def main() -> int:
     ]
     for dtype, cache_dtype in combos:
         name = str(dtype).removeprefix("torch.") + "/" + str(cache_dtype).removeprefix("torch.")
-        for batch in (1, 16):
+        for batch in () if ns.prefill_only else (1, 16):
             us = bench_decode(ext, dtype, batch, ns.reps, cache_dtype=cache_dtype)
             print(f"decode  {name:17} batch {batch:2}: {us:8.1f} us", flush=True)
-        if ns.hot:
+        if ns.hot and not ns.prefill_only:
             us = bench_decode(ext, dtype, 16, 24 * ns.reps, caches=1, cache_dtype=cache_dtype)
             print(f"decode  {name:17} batch 16, K/V in cache: {us:8.1f} us", flush=True)
         ms, gflops = bench_prefill(ext, dtype, 2 * ns.reps, cache_dtype=cache_dtype)

@@ -58,35 +58,49 @@ class FlushDenormals {
 constexpr float kMasked = -1e30f;
 
 
+#if defined(PAGODA_VEC)
+constexpr int64_t kSumLanes = kLanes;
+#else
+constexpr int64_t kSumLanes = 1;
+#endif
+
 // One span of a row's online softmax: N (16 or 32) keys. `s` holds the
 // row's N scores, of which the first `valid` count (the others are masked:
 // causal, or past the context); they become the unnormalized probabilities
-// exp(s - max), zero where masked. `max` and `sum` are the row's running
-// maximum and sum; `corr` is what the row's accumulator must be multiplied
-// by. A span of 32 pays one maximum, one sum and one rescale (horizontal
-// reductions, a scalar exp) for twice the keys.
+// exp(s - max), zero where masked. `max` is the row's running maximum;
+// `sum_lanes` (kSumLanes floats) its running sum, kept per vector lane so
+// that a span pays no horizontal sum (the caller adds the lanes once, at the
+// end: lanes_total); `corr` is what the row's accumulator must be
+// multiplied by. A span of 32 pays one horizontal maximum and one rescale
+// for twice the keys.
 template <int64_t N>
-inline void softmax_span(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
+inline void softmax_span_lanes(float* __restrict s, int64_t valid, float& max,
+                               float* __restrict sum_lanes, float& corr) {
   valid = std::max<int64_t>(0, std::min<int64_t>(N, valid));
 #if defined(PAGODA_VEC)
   constexpr int kVecs = N / kLanes;
   vfloat sr[kVecs];
   vfloat top = vset1(kMasked);
+#pragma GCC unroll 4
   for (int j = 0; j < kVecs; ++j) {
     const int64_t n = std::max<int64_t>(0, std::min<int64_t>(kLanes, valid - j * kLanes));
     sr[j] = vfirst(vload(s + j * kLanes), n, vset1(kMasked));
     top = vmax(top, sr[j]);
   }
   const float m = std::max(max, vreduce_max(top));
-  vfloat total = vzero();
+  // exp(max - m) in a vector: a scalar std::exp is a libm call, with the
+  // vzeroupper and spills around it, once per row and span.
+  const vfloat c = vexp(vset1(max - m));
+  vfloat total = vmul(vload(sum_lanes), c);
+#pragma GCC unroll 4
   for (int j = 0; j < kVecs; ++j) {
     const int64_t n = std::max<int64_t>(0, std::min<int64_t>(kLanes, valid - j * kLanes));
     const vfloat pr = vfirst(vexp(vsub(sr[j], vset1(m))), n, vzero());
     vstore(s + j * kLanes, pr);
     total = vadd(total, pr);
   }
-  corr = std::exp(max - m);
-  sum = sum * corr + vreduce_add(total);
+  vstore(sum_lanes, total);
+  corr = vlane0(c);
   max = m;
 #else
   float m = max;
@@ -97,9 +111,26 @@ inline void softmax_span(float* __restrict s, int64_t valid, float& max, float& 
     total += s[k];
   }
   corr = std::exp(max - m);
-  sum = sum * corr + total;
+  sum_lanes[0] = sum_lanes[0] * corr + total;
   max = m;
 #endif
+}
+
+// The row's sum from its kSumLanes partial sums.
+inline float lanes_total(const float* sum_lanes) {
+#if defined(PAGODA_VEC)
+  return vreduce_add(vload(sum_lanes));
+#else
+  return sum_lanes[0];
+#endif
+}
+
+// The same with the sum a scalar (one horizontal sum per span).
+template <int64_t N>
+inline void softmax_span(float* __restrict s, int64_t valid, float& max, float& sum, float& corr) {
+  float lanes[kSumLanes] = {};
+  softmax_span_lanes<N>(s, valid, max, lanes, corr);
+  sum = sum * corr + lanes_total(lanes);
 }
 
 // One block of 16 keys (the decode kernel's unit).

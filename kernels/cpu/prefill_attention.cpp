@@ -12,6 +12,13 @@
 // scores of 16 keys are one vector FMA per dimension, computed for several
 // query rows at once to keep independent FMA chains in flight; the running
 // softmax is float32 and online (no [q_len, seq_len] matrix).
+//
+// Every dtype computes in float32: a bf16 or float16 cache is widened once
+// per call, when its blocks are packed. A bf16 path on AVX512-BF16's pair
+// dot product (vdpbf16ps) ran at 103-108 GFLOP/s where this one runs bf16 at
+// 146-151: that instruction issues at half the float32 FMA rate on the
+// Xeons measured (the linear kernel found the same), and the widening is
+// paid per block, not per FMA.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -31,7 +38,9 @@ namespace {
 
 using pagoda_cpu::FlushDenormals;
 using pagoda_cpu::kMasked;
-using pagoda_cpu::softmax_span;
+using pagoda_cpu::kSumLanes;
+using pagoda_cpu::lanes_total;
+using pagoda_cpu::softmax_span_lanes;
 
 // Positions per block the kernel is written for (the engine's block size);
 // other sizes go to the torch path.
@@ -43,8 +52,7 @@ constexpr int64_t kTileQ = 32;
 // Rows whose scores are computed together: independent FMA chains.
 constexpr int64_t kRowBlock = 8;
 // Keys per softmax update: two blocks. Each update costs a row a horizontal
-// maximum, a horizontal sum, a scalar exp and a rescale of its accumulator,
-// about as many instructions as the row's 16-key dot products in bf16; a
+// maximum, a vector exp for the rescale and a rescale of its accumulator; a
 // span of two blocks pays them once for 32 keys.
 constexpr int64_t kSpan = 2 * kBlock;
 
@@ -64,117 +72,107 @@ inline void scores_rows(const float* __restrict q, const float* __restrict kt,
 }
 
 #if defined(PAGODA_VEC)
-// The same loops in vectors (vec.h), every accumulator a register (the
-// compiler kept the arrays above in memory: float32 ran at ~100 GFLOP/s,
-// issue 13). What a step of them does depends on what they read: float32
-// takes one key (or dimension) per step with FMAs; bf16 on AVX512-BF16 a
-// pair, packed in a 32-bit word, with vdpbf16ps.
+// The same loops in vectors (vec.h), every accumulator a register: the
+// unroll pragmas make GCC fully unroll the row and vector loops before it
+// decides where the accumulator arrays live; without them it kept them on
+// the stack, a store and a store-forwarded reload per FMA chain and step,
+// and the scores ran at half the FMA rate (99 against 140 GFLOP/s for
+// bench_cpu_attention.py's float32 chunks).
 using pagoda_cpu::kLanes;
 using pagoda_cpu::vfloat;
+using pagoda_cpu::vfma;
+using pagoda_cpu::vload;
+using pagoda_cpu::vset1;
+using pagoda_cpu::vstore;
 
-struct FloatLanes {
-  using Word = float;
-  static constexpr int64_t kPerWord = 1;
-  static vfloat load(const float* p) { return pagoda_cpu::vload(p); }
-  static vfloat broadcast(const float* p) { return pagoda_cpu::vset1(*p); }
-  static vfloat fma(vfloat acc, vfloat a, vfloat b) { return pagoda_cpu::vfma(a, b, acc); }
-};
-
-#if defined(__AVX512BF16__)
-struct BFloat16Lanes {
-  using Word = uint32_t;
-  static constexpr int64_t kPerWord = 2;
-  static __m512 load(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
-  static __m512 broadcast(const uint32_t* p) {
-    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*p)));
-  }
-  static __m512 fma(__m512 acc, __m512 a, __m512 b) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
-  }
-};
-#endif
-
-// Vectors per row of a block's 16 scores (kBlock words per step of K).
+// Vectors per row of a block's 16 scores.
 constexpr int64_t kScoreVecs = kBlock / kLanes;
-// Rows whose scores are computed together: 8 accumulators on AVX-512; on
-// AVX2 6 rows x 2 vectors, 12 accumulators (with the 2 key vectors and a
-// broadcast, 15 of its 16 registers): two FMA units of 4-cycle latency
-// need 8 independent chains in flight, and 8 left no slack.
-constexpr int64_t kVecRowBlock = kLanes == 16 ? 8 / kScoreVecs : 6;
+// Rows whose scores are computed together over a span of NB blocks: R x NB x
+// kScoreVecs accumulators, 8 or 16 of AVX-512's 32 registers, 12 of AVX2's
+// 16 (with the key vectors and a broadcast). Two FMA units of 4-cycle
+// latency need 8 independent chains in flight; a span of two blocks also
+// halves the query broadcasts per FMA (each feeds both blocks' keys).
+template <int64_t NB>
+constexpr int64_t kScoreRows = kLanes == 16 ? 8 : 6 / NB;
 
-// s[r][0:16] = q_r . keys, R rows at once (independent accumulators): q rows
-// of D / kPerWord words, K as [D / kPerWord][kBlock] words.
-template <typename L, int64_t D, int64_t R>
-inline void scores_rows_vec(const typename L::Word* __restrict q, const typename L::Word* __restrict kt,
-                            float* __restrict s, int64_t s_stride) {
-  constexpr int64_t J = D / L::kPerWord;
-  vfloat acc[R][kScoreVecs];
+// s[r][0 : NB * 16] = q_r . keys of the span's NB blocks, R rows at once:
+// q rows of D floats, each block's K as [D][kBlock].
+template <int64_t D, int64_t R, int64_t NB>
+inline void scores_rows_vec(const float* __restrict q, const float* __restrict kt0,
+                            const float* __restrict kt1, float* __restrict s, int64_t s_stride) {
+  constexpr int64_t V = NB * kScoreVecs;
+  vfloat acc[R][V];
+#pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < kScoreVecs; ++i) acc[r][i] = pagoda_cpu::vzero();
-  for (int64_t j = 0; j < J; ++j) {
-    vfloat kv[kScoreVecs];
-    for (int64_t i = 0; i < kScoreVecs; ++i) kv[i] = L::load(kt + j * kBlock + i * kLanes);
+#pragma GCC unroll 8
+    for (int64_t v = 0; v < V; ++v) acc[r][v] = pagoda_cpu::vzero();
+  for (int64_t d = 0; d < D; ++d) {
+    vfloat kv[V];
+#pragma GCC unroll 8
+    for (int64_t v = 0; v < V; ++v)
+      kv[v] = vload((v < kScoreVecs ? kt0 : kt1) + d * kBlock + (v % kScoreVecs) * kLanes);
+#pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) {
-      const vfloat qb = L::broadcast(q + r * J + j);
-      for (int64_t i = 0; i < kScoreVecs; ++i) acc[r][i] = L::fma(acc[r][i], qb, kv[i]);
+      const vfloat qb = vset1(q[r * D + d]);
+#pragma GCC unroll 8
+      for (int64_t v = 0; v < V; ++v) acc[r][v] = vfma(qb, kv[v], acc[r][v]);
     }
   }
+#pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < kScoreVecs; ++i) pagoda_cpu::vstore(s + r * s_stride + i * kLanes, acc[r][i]);
+#pragma GCC unroll 8
+    for (int64_t v = 0; v < V; ++v) vstore(s + r * s_stride + v * kLanes, acc[r][v]);
 }
 
 // acc[r][d0:d0 + DV kLanes] = (the same) * corr[r] + sum_k p[r][k] v[k][...],
-// R rows at once, over a span's two blocks: p rows of kSpan / kPerWord
-// words (the first block's, then the second's), each block's V as
-// [steps][D] words (steps1 is 0 for a span of one block).
-template <typename L, int64_t D, int64_t R, int64_t DV>
-inline void accumulate_rows_vec(float* __restrict acc, const typename L::Word* __restrict p,
-                                const float* __restrict corr, const typename L::Word* __restrict v0,
-                                int64_t steps0, const typename L::Word* __restrict v1, int64_t steps1,
-                                int64_t d0) {
-  constexpr int64_t P = kSpan / L::kPerWord;
-  constexpr int64_t kSecond = kBlock / L::kPerWord;  // the second block's first word in a p row
+// R rows at once, over a span's two blocks: p rows of kSpan floats (the
+// first block's, then the second's), each block's V as [kBlock][D] (keys1
+// is 0 for a span of one block).
+template <int64_t D, int64_t R, int64_t DV>
+inline void accumulate_rows_vec(float* __restrict acc, const float* __restrict p,
+                                const float* __restrict corr, const float* __restrict v0,
+                                int64_t keys0, const float* __restrict v1, int64_t keys1, int64_t d0) {
   vfloat a[R][DV];
+#pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r) {
-    const vfloat c = pagoda_cpu::vset1(corr[r]);
-    for (int64_t i = 0; i < DV; ++i)
-      a[r][i] = pagoda_cpu::vmul(pagoda_cpu::vload(acc + r * D + d0 + kLanes * i), c);
+    const vfloat c = vset1(corr[r]);
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < DV; ++i) a[r][i] = pagoda_cpu::vmul(vload(acc + r * D + d0 + kLanes * i), c);
   }
-  for (int64_t k = 0; k < steps0; ++k) {
-    vfloat vv[DV];
-    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v0 + k * D + d0 + kLanes * i);
-    for (int64_t r = 0; r < R; ++r) {
-      const vfloat pk = L::broadcast(p + r * P + k);
-      for (int64_t i = 0; i < DV; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
+  for (int64_t b = 0; b < 2; ++b) {
+    const float* v = b == 0 ? v0 : v1;
+    const float* pb = p + b * kBlock;
+    const int64_t keys = b == 0 ? keys0 : keys1;
+    for (int64_t k = 0; k < keys; ++k) {
+      vfloat vv[DV];
+#pragma GCC unroll 16
+      for (int64_t i = 0; i < DV; ++i) vv[i] = vload(v + k * D + d0 + kLanes * i);
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) {
+        const vfloat pk = vset1(pb[r * kSpan + k]);
+#pragma GCC unroll 16
+        for (int64_t i = 0; i < DV; ++i) a[r][i] = vfma(pk, vv[i], a[r][i]);
+      }
     }
   }
-  for (int64_t k = 0; k < steps1; ++k) {
-    vfloat vv[DV];
-    for (int64_t i = 0; i < DV; ++i) vv[i] = L::load(v1 + k * D + d0 + kLanes * i);
-    for (int64_t r = 0; r < R; ++r) {
-      const vfloat pk = L::broadcast(p + r * P + kSecond + k);
-      for (int64_t i = 0; i < DV; ++i) a[r][i] = L::fma(a[r][i], pk, vv[i]);
-    }
-  }
+#pragma GCC unroll 16
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < DV; ++i) pagoda_cpu::vstore(acc + r * D + d0 + kLanes * i, a[r][i]);
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < DV; ++i) vstore(acc + r * D + d0 + kLanes * i, a[r][i]);
 }
 
-// Scores of one block's 16 keys for every row, into s rows of kSpan floats.
-template <typename L, int64_t D>
-inline void scores_vec(const typename L::Word* q, const typename L::Word* kt, float* s, int64_t rows) {
-  constexpr int64_t J = D / L::kPerWord;
+// Scores of a span's NB blocks' keys for every row, into s rows of kSpan.
+template <int64_t D, int64_t NB>
+inline void scores_vec(const float* q, const float* kt0, const float* kt1, float* s, int64_t rows) {
+  constexpr int64_t RB = kScoreRows<NB>;
   int64_t r = 0;
-  for (; r + kVecRowBlock <= rows; r += kVecRowBlock)
-    scores_rows_vec<L, D, kVecRowBlock>(q + r * J, kt, s + r * kSpan, kSpan);
-  for (; r < rows; ++r) scores_rows_vec<L, D, 1>(q + r * J, kt, s + r * kSpan, kSpan);
+  for (; r + RB <= rows; r += RB) scores_rows_vec<D, RB, NB>(q + r * D, kt0, kt1, s + r * kSpan, kSpan);
+  for (; r < rows; ++r) scores_rows_vec<D, 1, NB>(q + r * D, kt0, kt1, s + r * kSpan, kSpan);
 }
 
-template <typename L, int64_t D>
-inline void accumulate_vec(float* acc, const typename L::Word* p, const float* corr,
-                           const typename L::Word* v0, int64_t steps0, const typename L::Word* v1,
-                           int64_t steps1, int64_t rows) {
-  constexpr int64_t P = kSpan / L::kPerWord;
+template <int64_t D>
+inline void accumulate_vec(float* acc, const float* p, const float* corr, const float* v0, int64_t keys0,
+                           const float* v1, int64_t keys1, int64_t rows) {
   // Rows x DV accumulators in registers: AVX-512 (32 registers) takes a
   // whole row of D in 16; AVX2 (16 registers) two vectors of 6 rows in 12,
   // 2 V loads and 6 broadcasts per 12 FMAs, the linear kernel's tile (the
@@ -186,23 +184,31 @@ inline void accumulate_vec(float* acc, const typename L::Word* p, const float* c
   for (int64_t d0 = 0; d0 < D; d0 += DV * kLanes) {
     int64_t r = 0;
     for (; r + RA <= rows; r += RA)
-      accumulate_rows_vec<L, D, RA, DV>(acc + r * D, p + r * P, corr + r, v0, steps0, v1, steps1, d0);
+      accumulate_rows_vec<D, RA, DV>(acc + r * D, p + r * kSpan, corr + r, v0, keys0, v1, keys1, d0);
     for (; r < rows; ++r)
-      accumulate_rows_vec<L, D, 1, DV>(acc + r * D, p + r * P, corr + r, v0, steps0, v1, steps1, d0);
+      accumulate_rows_vec<D, 1, DV>(acc + r * D, p + r * kSpan, corr + r, v0, keys0, v1, keys1, d0);
   }
 }
 #endif
 
+// The scores of a span: one block (kt1 null) or two, the second's into
+// columns kBlock.. of s's rows.
 template <int64_t D>
-inline void scores(const float* q, const float* kt, float* s, int64_t rows) {
+inline void scores(const float* q, const float* kt0, const float* kt1, float* s, int64_t rows) {
 #if defined(PAGODA_VEC)
-  scores_vec<FloatLanes, D>(q, kt, s, rows);
+  if (kt1 != nullptr)
+    scores_vec<D, 2>(q, kt0, kt1, s, rows);
+  else
+    scores_vec<D, 1>(q, kt0, kt0, s, rows);
   return;
 #endif
-  int64_t r = 0;
-  for (; r + kRowBlock <= rows; r += kRowBlock)
-    scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kSpan, kSpan);
-  for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kSpan, kSpan);
+  for (int64_t b = 0; b < (kt1 != nullptr ? 2 : 1); ++b) {
+    const float* kt = b == 0 ? kt0 : kt1;
+    int64_t r = 0;
+    for (; r + kRowBlock <= rows; r += kRowBlock)
+      scores_rows<D, kRowBlock>(q + r * D, kt, s + r * kSpan + b * kBlock, kSpan);
+    for (; r < rows; ++r) scores_rows<D, 1>(q + r * D, kt, s + r * kSpan + b * kBlock, kSpan);
+  }
 }
 
 // acc[r] = acc[r] * corr[r] + sum_k p[r][k] * v[k] over a span's two
@@ -230,7 +236,7 @@ template <int64_t D>
 inline void accumulate(float* acc, const float* p, const float* corr, const float* v0, int64_t keys0,
                        const float* v1, int64_t keys1, int64_t rows) {
 #if defined(PAGODA_VEC)
-  accumulate_vec<FloatLanes, D>(acc, p, corr, v0, keys0, v1, keys1, rows);
+  accumulate_vec<D>(acc, p, corr, v0, keys0, v1, keys1, rows);
   return;
 #endif
   int64_t r = 0;
@@ -344,7 +350,7 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
     const int64_t max_rows = kTileQ * group;
     // Rows are (query position, head of the group), position-major.
     std::vector<float> q(max_rows * D), acc(max_rows * D), s(max_rows * kSpan);
-    std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
+    std::vector<float> maxes(max_rows), sums(max_rows * kSumLanes), corr(max_rows);
     for (int64_t t = begin; t < end; ++t) {
       const Task& task = tasks[t];
       const int64_t seq_len = lens[task.req];
@@ -363,7 +369,7 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
       }
       std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
       std::fill(maxes.begin(), maxes.begin() + rows, kMasked);
-      std::fill(sums.begin(), sums.begin() + rows, 0.f);
+      std::fill(sums.begin(), sums.begin() + rows * kSumLanes, 0.f);
       // The last query of the tile sees positions [0, last_pos].
       const int64_t first_pos = offset + task.q_begin;
       const int64_t last_pos = offset + task.q_end - 1;
@@ -376,17 +382,16 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
         const int64_t keys1 = pair ? std::min(kBlock, last_pos + 1 - base - kBlock) : 0;
         const float* kt0 = packed.at(task.req, b, task.kv_head);
         const float* kt1 = pair ? packed.at(task.req, b + 1, task.kv_head) : kt0;
-        scores<D>(q.data(), kt0, s.data(), rows);
-        if (pair) scores<D>(q.data(), kt1, s.data() + kBlock, rows);
+        scores<D>(q.data(), kt0, pair ? kt1 : nullptr, s.data(), rows);
         // Row r (position first_pos + r / group) sees keys up to its position;
         // the softmax zeroes the probabilities of the later keys.
         for (int64_t r = 0; r < rows; ++r) {
           float* sr = s.data() + r * kSpan;
           const int64_t valid = first_pos + r / group - base + 1;
           if (pair)
-            softmax_span<kSpan>(sr, valid, maxes[r], sums[r], corr[r]);
+            softmax_span_lanes<kSpan>(sr, valid, maxes[r], sums.data() + r * kSumLanes, corr[r]);
           else
-            softmax_span<kBlock>(sr, valid, maxes[r], sums[r], corr[r]);
+            softmax_span_lanes<kBlock>(sr, valid, maxes[r], sums.data() + r * kSumLanes, corr[r]);
         }
         accumulate<D>(acc.data(), s.data(), corr.data(), kt0 + W, keys0, kt1 + W, keys1, rows);
       }
@@ -395,7 +400,7 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = i * group + g;
           scalar_t* dst = o_base + tok * o_tok_stride + (task.kv_head * group + g) * o_head_stride;
-          const float inv = 1.f / sums[r];
+          const float inv = 1.f / lanes_total(sums.data() + r * kSumLanes);
           for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(acc[r * D + d] * inv);
         }
       }
@@ -403,147 +408,6 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
   });
 }
 
-#if defined(__AVX512BF16__)
-// bfloat16 with AVX512-BF16: both matmuls as bf16 pair dot products
-// (vdpbf16ps, float32 accumulation), which run at about four times the
-// float32 FMA rate here (torch's bf16 matmul: 830 against 200 GFLOP/s on 2
-// threads). The probabilities are rounded to bf16 for the second one, as
-// the bf16 matmul of the torch path rounds them.
-//
-// A first pass lays every needed K/V block out for the dot products, once
-// per request, KV head and block (the tiles of a request share it):
-//   K as [D/2][16] pairs: pair j of each of the block's 16 keys, so one
-//     vector holds 16 keys and a query's pair j is broadcast against it;
-//   V as [8][D] pairs: keys 2i and 2i+1 of each dimension, so a query's
-//     probability pair is broadcast against D/16 vectors.
-// Positions past a request's context are zero in both (never NaN, whose
-// product with a zero probability would still be NaN).
-
-template <int64_t D>
-struct PackedBlock {
-  static constexpr int64_t kWords = kBlock * D / 2;  // int32 words per K (and per V)
-};
-
-template <int64_t D>
-void pack_block(const at::BFloat16* kb, const at::BFloat16* vb, int64_t row_stride, int64_t keys,
-                uint32_t* __restrict kp, uint32_t* __restrict vp) {
-  const uint16_t* k16 = reinterpret_cast<const uint16_t*>(kb);
-  const uint16_t* v16 = reinterpret_cast<const uint16_t*>(vb);
-  for (int64_t k = 0; k < kBlock; ++k) {
-    const uint32_t* krow = reinterpret_cast<const uint32_t*>(k16 + k * row_stride);
-    for (int64_t j = 0; j < D / 2; ++j) kp[j * kBlock + k] = k < keys ? krow[j] : 0u;
-  }
-  for (int64_t i = 0; i < kBlock / 2; ++i) {
-    const int64_t k0 = 2 * i, k1 = 2 * i + 1;
-    for (int64_t d = 0; d < D; ++d) {
-      const uint32_t lo = k0 < keys ? v16[k0 * row_stride + d] : 0u;
-      const uint32_t hi = k1 < keys ? v16[k1 * row_stride + d] : 0u;
-      vp[i * D + d] = lo | (hi << 16);
-    }
-  }
-}
-
-template <int64_t D>
-void prefill_attention_bf16(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                            const at::Tensor& block_table, const at::Tensor& seq_lens,
-                            const at::Tensor& query_start_loc, const std::vector<int64_t>& reqs,
-                            const std::vector<Task>& tasks, double scale) {
-  const int64_t num_heads = query.size(1);
-  const int64_t num_kv_heads = kv_cache.size(3);
-  const int64_t group = num_heads / num_kv_heads;
-  using bf16 = at::BFloat16;
-  const bf16* q_base = query.data_ptr<bf16>();
-  bf16* o_base = out.data_ptr<bf16>();
-  const bf16* k_cache = kv_cache[0].data_ptr<bf16>();
-  const bf16* v_cache = kv_cache[1].data_ptr<bf16>();
-  const int32_t* tables = block_table.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
-  const int64_t q_tok_stride = query.stride(0), q_head_stride = query.stride(1);
-  const int64_t o_tok_stride = out.stride(0), o_head_stride = out.stride(1);
-  const int64_t table_stride = block_table.stride(0);
-  const int64_t row_stride = num_kv_heads * D;
-  const int64_t block_stride = kBlock * row_stride;
-  const float fscale = static_cast<float>(scale);
-  constexpr int64_t W = PackedBlock<D>::kWords;
-
-  // Pass 1: each request's blocks, packed per KV head: K words, then V words.
-  const auto packed = pack_blocks<uint32_t>(
-      reqs, lens, tables, table_stride, seq_lens.size(0), num_kv_heads, 2 * W,
-      [&](int64_t id, int64_t head, int64_t keys, uint32_t* dst) {
-        pack_block<D>(k_cache + id * block_stride + head * D, v_cache + id * block_stride + head * D,
-                      row_stride, keys, dst, dst + W);
-      });
-
-  // Pass 2: the tiles.
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    FlushDenormals ftz;
-    const int64_t max_rows = kTileQ * group;
-    std::vector<uint32_t> q(max_rows * D / 2), p(max_rows * kSpan / 2);
-    std::vector<float> acc(max_rows * D), s(max_rows * kSpan);
-    std::vector<float> maxes(max_rows), sums(max_rows), corr(max_rows);
-    for (int64_t t = begin; t < end; ++t) {
-      const Task& task = tasks[t];
-      const int64_t seq_len = lens[task.req];
-      const int64_t q_len = qsl[task.req + 1] - qsl[task.req];
-      const int64_t first_tok = qsl[task.req];
-      const int64_t offset = seq_len - q_len;
-      const int64_t n_pos = task.q_end - task.q_begin;
-      const int64_t rows = n_pos * group;
-      // The queries, scaled in float and rounded to bf16 pairs.
-      for (int64_t i = 0; i < n_pos; ++i) {
-        const int64_t tok = first_tok + task.q_begin + i;
-        for (int64_t g = 0; g < group; ++g) {
-          const bf16* src = q_base + tok * q_tok_stride + (task.kv_head * group + g) * q_head_stride;
-          bf16* dst = reinterpret_cast<bf16*>(q.data() + (i * group + g) * (D / 2));
-          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<bf16>(static_cast<float>(src[d]) * fscale);
-        }
-      }
-      std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
-      std::fill(maxes.begin(), maxes.begin() + rows, kMasked);
-      std::fill(sums.begin(), sums.begin() + rows, 0.f);
-      const int64_t first_pos = offset + task.q_begin;
-      const int64_t last_pos = offset + task.q_end - 1;
-      const int64_t n_blocks = last_pos / kBlock + 1;
-      for (int64_t b = 0; b < n_blocks; b += 2) {
-        // A span of two blocks (one at the end of an odd count).
-        const int64_t base = b * kBlock;
-        const bool pair = b + 1 < n_blocks;
-        const int64_t keys0 = std::min(kBlock, last_pos + 1 - base);
-        const int64_t keys1 = pair ? std::min(kBlock, last_pos + 1 - base - kBlock) : 0;
-        const uint32_t* kp0 = packed.at(task.req, b, task.kv_head);
-        const uint32_t* kp1 = pair ? packed.at(task.req, b + 1, task.kv_head) : kp0;
-        scores_vec<BFloat16Lanes, D>(q.data(), kp0, s.data(), rows);
-        if (pair) scores_vec<BFloat16Lanes, D>(q.data(), kp1, s.data() + kBlock, rows);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sr = s.data() + r * kSpan;
-          const int64_t valid = first_pos + r / group - base + 1;
-          uint32_t* pr = p.data() + r * (kSpan / 2);
-          if (pair) {
-            softmax_span<kSpan>(sr, valid, maxes[r], sums[r], corr[r]);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + kBlock / 2),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + kBlock)));
-          } else {
-            softmax_span<kBlock>(sr, valid, maxes[r], sums[r], corr[r]);
-          }
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sr)));
-        }
-        accumulate_vec<BFloat16Lanes, D>(acc.data(), p.data(), corr.data(), kp0 + W, (keys0 + 1) / 2,
-                                         kp1 + W, (keys1 + 1) / 2, rows);
-      }
-      for (int64_t i = 0; i < n_pos; ++i) {
-        const int64_t tok = first_tok + task.q_begin + i;
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = i * group + g;
-          bf16* dst = o_base + tok * o_tok_stride + (task.kv_head * group + g) * o_head_stride;
-          const float inv = 1.f / sums[r];
-          for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<bf16>(acc[r * D + d] * inv);
-        }
-      }
-    }
-  });
-}
-#endif  // __AVX512BF16__
 
 }  // namespace
 
@@ -599,15 +463,6 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
   }
   if (tasks.empty()) return;
   const std::vector<int64_t> req_list(reqs, reqs + rows.size(0));
-#if defined(__AVX512BF16__)
-  if (query.scalar_type() == at::kBFloat16 && kv_cache.scalar_type() == at::kBFloat16) {
-    if (head_size == 64)
-      prefill_attention_bf16<64>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
-    else
-      prefill_attention_bf16<128>(out, query, kv_cache, block_table, seq_lens, query_start_loc, req_list, tasks, scale);
-    return;
-  }
-#endif
   pagoda_cpu::dispatch_kv_type(query.scalar_type(), "query", [&](auto q) {
     pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
       using query_t = decltype(q);

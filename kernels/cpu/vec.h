@@ -62,6 +62,7 @@ inline vfloat vfirst(vfloat v, int64_t n, vfloat fill) {
   return _mm512_mask_mov_ps(fill, static_cast<__mmask16>((1u << n) - 1u), v);
 }
 inline float vreduce_add(vfloat v) { return _mm512_reduce_add_ps(v); }
+inline float vlane0(vfloat v) { return _mm512_cvtss_f32(v); }
 inline float vreduce_max(vfloat v) { return _mm512_reduce_max_ps(v); }
 inline vfloat vfloor(vfloat v) {
   return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -119,6 +120,7 @@ inline vfloat vfirst(vfloat v, int64_t n, vfloat fill) {
   const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane);
   return _mm256_blendv_ps(fill, v, _mm256_castsi256_ps(keep));
 }
+inline float vlane0(vfloat v) { return _mm256_cvtss_f32(v); }
 inline float vreduce_add(vfloat v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
