@@ -70,10 +70,18 @@ def bench_decode(ext, dtype, batch: int, reps: int, caches: int = 24, cache_dtyp
     return statistics.median(times) * 1e6
 
 
-def bench_prefill(ext, dtype, reps: int, cache_dtype=None) -> tuple[float, float]:
-    """Median ms per call and GFLOP/s for four chunks (seq_len, q_len)."""
+# Prefill chunks (seq_len, q_len): a mixed step, and the shared-prefix
+# workload's cached step (four ~80-token suffixes after a 384-token cached
+# system prompt: little compute per packed block).
+MIXED_CHUNKS = [(272, 272), (400, 256), (128, 128), (500, 100)]
+CACHED_PREFIX_CHUNKS = [(448, 64), (464, 80), (480, 96), (432, 48)]
+
+
+def bench_prefill(
+    ext, dtype, reps: int, cache_dtype=None, chunks=MIXED_CHUNKS
+) -> tuple[float, float]:
+    """Median ms per call and GFLOP/s for a step of `chunks`."""
     t = _module(TESTS / "test_prefill_attention.py", "prefill_test")
-    chunks = [(272, 272), (400, 256), (128, 128), (500, 100)]
     q, cache, table, lens, qsl, _, _ = t.make_step(chunks, 3, 3, 64, dtype, cache_dtype=cache_dtype)
     rows = torch.arange(len(chunks))
     out = torch.empty_like(q)
@@ -118,6 +126,10 @@ def main() -> int:
             print(f"decode  {name:17} batch 16, K/V in cache: {us:8.1f} us", flush=True)
         ms, gflops = bench_prefill(ext, dtype, 2 * ns.reps, cache_dtype=cache_dtype)
         print(f"prefill {name:17} 4 chunks: {ms:8.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
+        ms, gflops = bench_prefill(
+            ext, dtype, 2 * ns.reps, cache_dtype=cache_dtype, chunks=CACHED_PREFIX_CHUNKS
+        )
+        print(f"prefill {name:17} 4 suffixes: {ms:6.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
     return 0
 
 
