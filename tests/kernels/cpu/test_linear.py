@@ -74,6 +74,33 @@ def test_matches_a_float64_reference(ext, dtype, rows, out_features, in_features
     assert_close(got, reference(x, w), in_features)
 
 
+@pytest.fixture
+def threads():
+    """Set torch's thread count for one test, restoring it afterwards."""
+    saved = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(saved)
+
+
+# One row chunk whose panels do not divide among the threads: whole panels
+# each, then the remaining panels sliced by rows (9 panels of 576 outputs on
+# 2 threads; uneven slices; an output tail in a sliced panel; too few rows
+# to slice).
+@WIDEN
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_threads", [2, 3, 4])
+@pytest.mark.parametrize(("rows", "out_features"), [(16, 576), (80, 960), (17, 130), (9, 70), (3, 576)])
+def test_panels_left_over_are_shared_by_rows(ext, threads, dtype, num_threads, rows, out_features, widen):
+    skip_unless_supported(ext, dtype)
+    threads(num_threads)
+    gen = torch.Generator().manual_seed(rows * 31 + out_features)
+    w = torch.randn(out_features, 96, generator=gen).to(dtype)
+    x = torch.randn(rows, 96, generator=gen).to(dtype)
+    bias = torch.randn(out_features, generator=gen).to(dtype)
+    got = ext.packed_linear(x, ext.pack_linear_weight(w), out_features, bias, widen)
+    assert_close(got, reference(x, w, bias), 96)
+
+
 @WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bias_is_added_before_the_one_rounding(ext, dtype, widen):
