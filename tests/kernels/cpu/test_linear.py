@@ -89,8 +89,12 @@ def threads():
 @WIDEN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_threads", [2, 3, 4])
-@pytest.mark.parametrize(("rows", "out_features"), [(16, 576), (80, 960), (17, 130), (9, 70), (3, 576)])
-def test_panels_left_over_are_shared_by_rows(ext, threads, dtype, num_threads, rows, out_features, widen):
+@pytest.mark.parametrize(
+    ("rows", "out_features"), [(16, 576), (80, 960), (17, 130), (9, 70), (3, 576)]
+)
+def test_panels_left_over_are_shared_by_rows(
+    ext, threads, dtype, num_threads, rows, out_features, widen
+):
     skip_unless_supported(ext, dtype)
     threads(num_threads)
     gen = torch.Generator().manual_seed(rows * 31 + out_features)
