@@ -239,31 +239,18 @@ void store_rows(const float* acc, int64_t rows, const T* bias, int64_t n0, int64
 // prefill) is shared by `threads` threads when its panels do not divide
 // evenly. One task per panel left one thread idle for the last panel: 9
 // panels (576 outputs) on 2 threads ran as 5 and 4, an eleventh of the
-// call. Instead each thread takes `whole_per_thread` whole panels and a
-// `part_rows` slice of the rows of each remaining panel, which every
-// thread reads (a few panels' weights twice, while the rows are enough to
-// keep the call's time in its FMAs). parts == 1: one task per panel, as
-// before (the panels divide evenly, or the rows are too few to slice).
-struct SingleChunkSplit {
-  int64_t parts = 1;
-  int64_t threads = 1;
-  int64_t whole_per_thread = 0;
-  int64_t part_rows = 0;
-};
-
-inline SingleChunkSplit single_chunk_split(int64_t M, int64_t panels, int64_t chunks, int64_t threads) {
-  SingleChunkSplit split;
-  if (chunks != 1 || threads < 2 || panels % threads == 0) return split;
+// call. Instead each thread takes panels / threads whole panels and a slice
+// of this many rows of each remaining panel, which every thread reads (a
+// few panels' weights twice, while the rows are enough to keep the call's
+// time in its FMAs). 0: one task per panel, as before (the panels divide
+// evenly, or the rows are too few to slice).
+inline int64_t single_chunk_slice_rows(int64_t M, int64_t panels, int64_t chunks, int64_t threads) {
+  if (chunks != 1 || threads < 2 || panels % threads == 0) return 0;
   // Even slices (16 rows on 2 threads: 8 and 8, tiles of 6 and 2, rather
   // than whole tiles, 12 and 4); under 4 rows a slice is mostly the read of
   // its panel, which every thread would repeat.
-  const int64_t part_rows = ceil_div(M, threads);
-  if (part_rows < 4) return split;
-  split.parts = threads;
-  split.threads = threads;
-  split.whole_per_thread = panels / threads;
-  split.part_rows = part_rows;
-  return split;
+  const int64_t slice_rows = ceil_div(M, threads);
+  return slice_rows < 4 ? 0 : slice_rows;
 }
 
 template <typename Step>
@@ -322,18 +309,16 @@ void linear_rows(const at::Tensor& x_in, const at::Tensor& packed, const at::Ten
     const int64_t n0 = p * kPanel;
     store_rows<T>(acc, m1 - m0, bs, n0, std::min(kPanel, N - n0), os + m0 * out_stride, out_stride);
   };
-  const SingleChunkSplit split = single_chunk_split(M, panels, chunks, at::get_num_threads());
-  if (split.parts > 1) {
-    at::parallel_for(0, split.threads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t slice_rows = single_chunk_slice_rows(M, panels, chunks, threads);
+  if (slice_rows > 0) {
+    const int64_t whole = panels / threads;  // whole panels per thread
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
       alignas(64) float acc[kChunkRows * kPanel];
       for (int64_t tid = begin; tid < end; ++tid) {
-        for (int64_t p = tid * split.whole_per_thread; p < (tid + 1) * split.whole_per_thread; ++p)
-          run_task(acc, p, 0, M);
-        for (int64_t p = split.threads * split.whole_per_thread; p < panels; ++p) {
-          const int64_t m0 = std::min(M, tid * split.part_rows);
-          const int64_t m1 = std::min(M, m0 + split.part_rows);
-          if (m0 < m1) run_task(acc, p, m0, m1);
-        }
+        for (int64_t p = tid * whole; p < (tid + 1) * whole; ++p) run_task(acc, p, 0, M);
+        const int64_t m0 = std::min(M, tid * slice_rows), m1 = std::min(M, m0 + slice_rows);
+        for (int64_t p = threads * whole; p < panels && m0 < m1; ++p) run_task(acc, p, m0, m1);
       }
     });
     return;

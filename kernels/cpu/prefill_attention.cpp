@@ -23,10 +23,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -254,28 +250,27 @@ struct Task {
 };
 
 // The K/V blocks of the listed requests, packed once per call for each KV
-// head into the layout the tile loops read (`words` words per block and
+// head into the layout the tile loops read (`words` floats per block and
 // head): a request's chunk has several tiles, and each tile reads every
 // block before it (converting per tile was a quarter of float32's time:
 // 2.25-2.30 -> 1.69-1.80 ms for bench_cpu_attention.py's four chunks).
-template <typename Word>
 struct PackedBlocks {
   std::vector<int64_t> base;  // base[i]: the first packed block of reqs[i]
   std::vector<int64_t> slot;  // slot[row]: the index in reqs of a batch row
-  std::vector<Word> data;
+  std::vector<float> data;
   int64_t num_kv_heads = 0, words = 0;
-  const Word* at(int64_t row, int64_t block, int64_t head) const {
+  const float* at(int64_t row, int64_t block, int64_t head) const {
     return data.data() + ((base[slot[row]] + block) * num_kv_heads + head) * words;
   }
 };
 
 // pack(block_id, head, keys, dst) writes one block of one head (its first
 // `keys` positions are the request's) into dst[0, words).
-template <typename Word, typename Pack>
-PackedBlocks<Word> pack_blocks(const std::vector<int64_t>& reqs, const int32_t* lens,
-                               const int32_t* tables, int64_t table_stride, int64_t num_rows,
-                               int64_t num_kv_heads, int64_t words, const Pack& pack) {
-  PackedBlocks<Word> packed;
+template <typename Pack>
+PackedBlocks pack_blocks(const std::vector<int64_t>& reqs, const int32_t* lens,
+                         const int32_t* tables, int64_t table_stride, int64_t num_rows,
+                         int64_t num_kv_heads, int64_t words, const Pack& pack) {
+  PackedBlocks packed;
   packed.num_kv_heads = num_kv_heads;
   packed.words = words;
   packed.base.assign(reqs.size() + 1, 0);
@@ -330,7 +325,7 @@ void prefill_attention_impl(at::Tensor& out, const at::Tensor& query,
   // the request's context are zero. The cache's dtype (kv_cache_dtype) may
   // differ from the query's: this is where it is widened.
   constexpr int64_t W = kBlock * D;
-  const auto packed = pack_blocks<float>(
+  const auto packed = pack_blocks(
       reqs, lens, tables, table_stride, seq_lens.size(0), num_kv_heads, 2 * W,
       [&](int64_t id, int64_t head, int64_t keys, float* dst) {
         const cache_t* kb = k_cache + id * block_stride + head * D;
