@@ -1,5 +1,5 @@
 """End-to-end decode on a GPU: Pagoda against transformers on a
-Llama-3-8B-shaped model with random bf16 weights, and each step against the
+Llama-3-8B-shaped model with random bf16 (or --dtype float16) weights, and each step against the
 memory roofline.
 
 For every batch size B: B requests with prompts of --prompt-len random
@@ -100,6 +100,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--preset", default="llama-3-8b")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -122,7 +123,7 @@ def main() -> None:
     common = dict(
         model=args.preset,
         random_weights=True,
-        dtype="bfloat16",
+        dtype=args.dtype,
         max_model_len=args.prompt_len + args.output_len + 16,
         max_num_seqs=max_b,
         max_num_batched_tokens=max(8192, args.prompt_len * 8),
@@ -130,7 +131,12 @@ def main() -> None:
     )
     g = torch.Generator().manual_seed(0)
     vocab = PRESETS[args.preset]["vocab_size"]
-    results = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bw / 1e9, "rows": []}
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "dtype": args.dtype,
+        "copy_bandwidth_GBps": bw / 1e9,
+        "rows": [],
+    }
 
     llm = LLM(**common)
     runner = llm.engine.engine_core.executor.worker.runner
@@ -149,10 +155,10 @@ def main() -> None:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         cfg = LlamaConfig(**{k: v for k, v in PRESETS[args.preset].items() if k != "architectures"})
-        # Built in bf16 directly: a float32 build of 8B weights (32 GB) beside
-        # the engine's share of the GPU would not fit an 80 GB card.
+        # Built in the half dtype directly: a float32 build of 8B weights
+        # (32 GB) beside the engine's share of the GPU would not fit an 80 GB card.
         default_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
+        torch.set_default_dtype(getattr(torch, args.dtype))
         try:
             with torch.device("cuda"):
                 hf = LlamaForCausalLM(cfg).eval()
@@ -213,7 +219,7 @@ def main() -> None:
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
-    print(f"\n{results['device']}, copy bandwidth {bw / 1e9:.0f} GB/s")
+    print(f"\n{results['device']}, {args.dtype}, copy bandwidth {bw / 1e9:.0f} GB/s")
     print(
         f"{'batch':>5} {'pagoda tok/s':>12} {'hf tok/s':>9} {'x hf':>6} {'step ms':>8} {'roofline ms':>11} {'%roof':>6}"
     )

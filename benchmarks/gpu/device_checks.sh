@@ -3,9 +3,9 @@
 #
 #   bash benchmarks/gpu/device_checks.sh [steps...]     (default: all)
 #
-# steps: env tests worker kernel e2e serve sweep profile gemm. Each runs under its own
-# timeout so a hang costs one step, not the call; logs and JSON go to $LOGS,
-# packed after every step into $OUT/logs.tgz (the device tool brings back a
+# steps: env tests worker kernel kernel_short e2e e2e_fp16 serve sweep profile
+# gemm. Each runs under its own timeout so a hang costs one step, not the
+# call; logs and JSON go to $LOGS, packed after every step into $OUT/logs.tgz (the device tool brings back a
 # few files of $OUT only). The machine has torch and triton but not the
 # server's packages: they travel as wheels in .whl/ (made by
 # benchmarks/gpu/fetch_wheels.sh; carry it), and pagoda is put on the path as
@@ -72,6 +72,15 @@ sweep)
         --out "$LOGS/decode_attention_splits.json"
     grep -E "^ +[0-9]" "$LOGS/sweep_launch.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}'
     grep -E "^ +[0-9]" "$LOGS/sweep_splits.log" | sort -k1,1n -k2,2n -k5,5n | awk '{k=$1" "$2; if (k!=p) {print; p=k}}' ;;
+kernel_short)  # the shapes that judge the goal, to check a change did not regress
+    step kernel_short 70 python3 benchmarks/kernels/bench_decode_attention.py \
+        --batches 1 16 64 --contexts 2048 8192 --reps 30 --out "$LOGS/decode_attention_short.json"
+    tail -10 "$LOGS/kernel_short.log" ;;
+e2e_fp16)  # float16 end to end through CUDA graphs: runs, and at what speed
+    step e2e_fp16 100 python3 benchmarks/bench_decode_e2e.py --dtype float16 --batch 1 64 \
+        --prompt-len 128 --output-len 64 --no-hf --eager-batches --repeats 1 \
+        --out "$LOGS/decode_e2e_fp16.json"
+    tail -4 "$LOGS/e2e_fp16.log" ;;
 e2e)
     step e2e 170 python3 benchmarks/bench_decode_e2e.py --batch 1 16 64 256 \
         --prompt-len 128 --output-len 64 --out "$LOGS/decode_e2e.json"
@@ -86,12 +95,13 @@ serve)
         sleep 1
     done
     grep -i -E "kv|memory|concurren|graph" "$LOGS/server.log" | tail -8
-    for c in 1 16 64; do
-        step "serve_c$c" 45 $PAGODA bench serve --base-url http://localhost:8011 \
+    # SERVE_ROUNDS rounds (default 3), concurrencies alternating, for medians.
+    for r in $(seq "${SERVE_ROUNDS:-3}"); do for c in 1 16 64; do
+        step "serve_c${c}_r$r" 45 $PAGODA bench serve --base-url http://localhost:8011 \
             --num-prompts $((c == 1 ? 8 : c * 3)) --input-len 512 --output-len 128 \
-            --max-concurrency $c --result-file "$LOGS/serve_c$c.json"
-        tail -12 "$LOGS/serve_c$c.log"
-    done
+            --max-concurrency $c --seed "$r" --result-file "$LOGS/serve_c${c}_r$r.json"
+        grep -E "Failed|Output token|(Mean|Median|P90) TTFT|Median TPOT" "$LOGS/serve_c${c}_r$r.log"
+    done; done
     kill $server; wait $server 2>/dev/null ;;
 gemm)
     step gemm 100 python3 benchmarks/gpu/bench_skinny_gemm.py --rows 1 16
