@@ -50,7 +50,9 @@ SOURCES = [
     )
 ]
 # Included by the sources: part of what a build is cached under.
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_common.h", "graph.h", "vec.h")]
+HEADERS = [
+    Path(__file__).with_name(name) for name in ("check.h", "cpu_common.h", "graph.h", "vec.h")
+]
 EXTRA_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
 # at::parallel_for is OpenMP in a header: without -fopenmp it runs on one
 # thread. The libgomp.so.1 torch already loaded serves the extension (same

@@ -47,26 +47,27 @@ void copy_rows(const char* k, const char* v, int64_t k_stride, int64_t v_stride,
 
 void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
                        at::Tensor slot_mapping) {
-  TORCH_CHECK(kv_cache.device().is_cpu() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
+  PAGODA_CHECK(kv_cache.device().is_cpu() && kv_cache.dim() == 5 && kv_cache.size(0) == 2 &&
                   kv_cache.is_contiguous(),
-              "kv_cache must be a contiguous CPU [2, blocks, block_size, kv_heads, head_size]");
+               "kv_cache must be a contiguous CPU [2, blocks, block_size, kv_heads, head_size]");
   const int64_t heads = kv_cache.size(3), head_size = kv_cache.size(4);
   const int64_t tokens = key.size(0), row = heads * head_size;
   for (const at::Tensor* t : {&key, &value}) {
-    TORCH_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(1) == heads &&
+    PAGODA_CHECK(t->dim() == 3 && t->size(0) == tokens && t->size(1) == heads &&
                     t->size(2) == head_size && t->stride(2) == 1 && t->stride(1) == head_size,
-                "key/value must be [tokens, kv_heads, head_size] with each token's heads contiguous");
+                 "key/value must be [tokens, kv_heads, head_size] with each token's heads contiguous");
   }
-  TORCH_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ");
-  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.numel() >= tokens &&
+  PAGODA_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ");
+  PAGODA_CHECK(slot_mapping.dim() == 1 && slot_mapping.numel() >= tokens &&
                   slot_mapping.scalar_type() == at::kLong,
-              "slot_mapping must be int64 with a slot per token");
+               "slot_mapping must be int64 with a slot per token");
   auto slots_t = slot_mapping.contiguous();
   const int64_t* slots = slots_t.data_ptr<int64_t>();
   const int64_t capacity = kv_cache.size(1) * kv_cache.size(2);
   // Every slot checked before the first write: a bad one leaves the cache as it was.
   for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(slots[t] < capacity, "slot ", slots[t], " outside the cache (", capacity, " slots)");
+    PAGODA_CHECK(slots[t] < capacity, "slot %lld outside the cache (%lld slots)",
+                 static_cast<long long>(slots[t]), static_cast<long long>(capacity));
   }
   char* k_cache = static_cast<char*>(kv_cache.data_ptr());
   char* v_cache = k_cache + capacity * row * static_cast<int64_t>(kv_cache.element_size());
@@ -74,8 +75,8 @@ void write_cache(at::Tensor key, at::Tensor value, at::Tensor kv_cache,
   const char* v = static_cast<const char*>(value.data_ptr());
   const int64_t k_stride = key.stride(0) * key.element_size();
   const int64_t v_stride = value.stride(0) * value.element_size();
-  pagoda_cpu::dispatch_kv_type(key.scalar_type(), "key/value", [&](auto src) {
-    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto dst) {
+  pagoda_cpu::dispatch_dtype(key.scalar_type(), "key/value", [&](auto src) {
+    pagoda_cpu::dispatch_dtype(kv_cache.scalar_type(), "kv_cache", [&](auto dst) {
       copy_rows<decltype(src), decltype(dst)>(k, v, k_stride, v_stride, k_cache, v_cache, slots,
                                               tokens, row);
     });

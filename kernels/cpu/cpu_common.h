@@ -4,7 +4,6 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,15 +13,17 @@
 #include <xmmintrin.h>
 #endif
 
+#include "check.h"
 #include "vec.h"
 
 namespace pagoda_cpu {
 
 // Calls f(T{}) with T the C++ type of `dtype`, one of the dtypes the
-// attention kernels read and write (a KV cache may differ from the model's:
-// kv_cache_dtype); anything else fails naming `what`.
+// kernels read and write (a KV cache may differ from the model's:
+// kv_cache_dtype); anything else fails naming `what`. Used instead of
+// AT_DISPATCH_*, whose refusal builds its message with c10::str (check.h).
 template <typename F>
-void dispatch_kv_type(c10::ScalarType dtype, const char* what, F&& f) {
+void dispatch_dtype(c10::ScalarType dtype, const char* what, F&& f) {
   switch (dtype) {
     case c10::ScalarType::Float:
       f(float{});
@@ -34,7 +35,7 @@ void dispatch_kv_type(c10::ScalarType dtype, const char* what, F&& f) {
       f(c10::Half{});
       return;
     default:
-      TORCH_CHECK(false, what, " dtype must be float32, bfloat16 or float16, got ", dtype);
+      fail("%s dtype must be float32, bfloat16 or float16, got %s", what, c10::toString(dtype));
   }
 }
 

@@ -350,19 +350,19 @@ namespace {
 void checked_decode_attention(
     at::Tensor out, at::Tensor query, at::Tensor kv_cache, at::Tensor block_table,
     at::Tensor seq_lens, at::Tensor token_index, double scale) {
-  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
-  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
-  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
-  TORCH_CHECK(kv_cache.size(4) == query.size(2), "head sizes differ");
-  TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
-  TORCH_CHECK(token_index.scalar_type() == at::kLong && token_index.is_contiguous(), "token_index: int64");
-  TORCH_CHECK(seq_lens.size(0) == token_index.size(0) && block_table.size(0) == token_index.size(0),
-              "one row per request");
+  PAGODA_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
+  PAGODA_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
+  PAGODA_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
+  PAGODA_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+               "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
+  PAGODA_CHECK(kv_cache.size(4) == query.size(2), "head sizes differ");
+  PAGODA_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
+  PAGODA_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
+  PAGODA_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
+  PAGODA_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
+  PAGODA_CHECK(token_index.scalar_type() == at::kLong && token_index.is_contiguous(), "token_index: int64");
+  PAGODA_CHECK(seq_lens.size(0) == token_index.size(0) && block_table.size(0) == token_index.size(0),
+               "one row per request");
   // Bounds, checked once here rather than per read: a wrong length or block
   // id would read outside the cache instead of failing.
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -372,17 +372,18 @@ void checked_decode_attention(
   const int64_t* tokens = token_index.data_ptr<int64_t>();
   for (int64_t r = 0; r < seq_lens.size(0); ++r) {
     // 0: a padded row of a decode graph, which attends to nothing.
-    TORCH_CHECK(lens[r] >= 0 && lens[r] <= width * block_size,
-                "seq_lens[", r, "] = ", lens[r], " outside 0..", width * block_size);
-    TORCH_CHECK(tokens[r] >= 0 && tokens[r] < num_tokens, "token_index out of range");
+    PAGODA_CHECK(lens[r] >= 0 && lens[r] <= width * block_size,
+                 "seq_lens[%lld] = %d outside 0..%lld", static_cast<long long>(r), lens[r],
+                 static_cast<long long>(width * block_size));
+    PAGODA_CHECK(tokens[r] >= 0 && tokens[r] < num_tokens, "token_index out of range");
     const int64_t used = (lens[r] + block_size - 1) / block_size;
     for (int64_t b = 0; b < used; ++b) {
       const int32_t id = table[r * block_table.stride(0) + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
+      PAGODA_CHECK(id >= 0 && id < num_blocks, "block id %d outside the cache", id);
     }
   }
-  pagoda_cpu::dispatch_kv_type(query.scalar_type(), "query", [&](auto q) {
-    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
+  pagoda_cpu::dispatch_dtype(query.scalar_type(), "query", [&](auto q) {
+    pagoda_cpu::dispatch_dtype(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
       decode_attention_impl<decltype(q), decltype(c)>(out, query, kv_cache, block_table, seq_lens,
                                                       token_index, scale);
     });

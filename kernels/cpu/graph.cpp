@@ -2,7 +2,7 @@
 
 #include "graph.h"
 
-#include <c10/util/Exception.h>
+#include "check.h"
 
 namespace pagoda_cpu {
 
@@ -13,18 +13,18 @@ thread_local CpuGraph* current = nullptr;
 CpuGraph* CpuGraph::capturing() { return current; }
 
 void CpuGraph::begin_capture() {
-  TORCH_CHECK(current == nullptr, "a CPU graph is already being captured on this thread");
-  TORCH_CHECK(nodes_.empty(), "this CPU graph was already captured");
+  PAGODA_CHECK(current == nullptr, "a CPU graph is already being captured on this thread");
+  PAGODA_CHECK(nodes_.empty(), "this CPU graph was already captured");
   current = this;
 }
 
 void CpuGraph::end_capture() {
-  TORCH_CHECK(current == this, "this CPU graph is not being captured");
+  PAGODA_CHECK(current == this, "this CPU graph is not being captured");
   current = nullptr;
 }
 
 void CpuGraph::replay() const {
-  TORCH_CHECK(current == nullptr, "cannot replay a CPU graph while capturing one");
+  PAGODA_CHECK(current == nullptr, "cannot replay a CPU graph while capturing one");
   for (const auto& node : nodes_) node();
 }
 

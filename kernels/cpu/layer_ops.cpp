@@ -58,19 +58,20 @@ void rms_norm_rows(scalar_t* out, scalar_t* sum_out, const scalar_t* x, const sc
 }
 
 void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.dim() == 2 && t.stride(1) == 1, name,
-              " must be a CPU [rows, hidden] tensor with contiguous rows");
+  PAGODA_CHECK(t.device().is_cpu() && t.dim() == 2 && t.stride(1) == 1,
+               "%s must be a CPU [rows, hidden] tensor with contiguous rows", name);
 }
 
 }  // namespace
 
 at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, "x");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
-              "weight must be [hidden] in x's dtype");
+  PAGODA_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
+               "weight must be [hidden] in x's dtype");
   auto out = at::empty({x.size(0), x.size(1)}, x.options());
   pagoda_cpu::run_op([=]() mutable {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    pagoda_cpu::dispatch_dtype(x.scalar_type(), "x", [&](auto type_tag) {
+      using scalar_t = decltype(type_tag);
       rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), nullptr, x.data_ptr<scalar_t>(), nullptr,
                               weight.data_ptr<scalar_t>(), x.size(0), x.size(1), x.stride(0), 0,
                               static_cast<float>(eps));
@@ -83,14 +84,15 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(at::Tensor x, at::Tensor r
                                                             at::Tensor weight, double eps) {
   check_rows(x, "x");
   check_rows(residual, "residual");
-  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
-              "residual must match x");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
-              "weight must be [hidden] in x's dtype");
+  PAGODA_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+               "residual must match x");
+  PAGODA_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(),
+               "weight must be [hidden] in x's dtype");
   auto out = at::empty({x.size(0), x.size(1)}, x.options());
   auto sum = at::empty({x.size(0), x.size(1)}, x.options());
   pagoda_cpu::run_op([=]() mutable {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms_norm", [&] {
+    pagoda_cpu::dispatch_dtype(x.scalar_type(), "x", [&](auto type_tag) {
+      using scalar_t = decltype(type_tag);
       rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
                               residual.data_ptr<scalar_t>(), weight.data_ptr<scalar_t>(), x.size(0),
                               x.size(1), x.stride(0), residual.stride(0), static_cast<float>(eps));
@@ -124,9 +126,11 @@ void rotate(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
   const int64_t* p = pos.data_ptr<int64_t>();
   const int64_t tokens = query.size(0), max_pos = cos_sin_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(p[t] >= 0 && p[t] < max_pos, "position ", p[t], " outside the cache (", max_pos, ")");
+    PAGODA_CHECK(p[t] >= 0 && p[t] < max_pos, "position %lld outside the cache (%lld)",
+                 static_cast<long long>(p[t]), static_cast<long long>(max_pos));
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "rotary_embedding", [&] {
+  pagoda_cpu::dispatch_dtype(query.scalar_type(), "query/key", [&](auto type_tag) {
+    using scalar_t = decltype(type_tag);
     const float* table = cos_sin_cache.data_ptr<float>();
     const int64_t rot = cos_sin_cache.size(1), half = rot / 2;
     scalar_t* q = query.data_ptr<scalar_t>();
@@ -145,16 +149,16 @@ void rotate(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
 
 void rotary_embedding(at::Tensor positions, at::Tensor query, at::Tensor key,
                       at::Tensor cos_sin_cache) {
-  TORCH_CHECK(query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 && key.stride(2) == 1,
-              "query/key must be [tokens, heads, head_size] with contiguous heads");
-  TORCH_CHECK(query.size(0) == key.size(0) && positions.numel() == query.size(0),
-              "one position per token");
-  TORCH_CHECK(query.scalar_type() == key.scalar_type(), "query and key dtypes differ");
-  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
+  PAGODA_CHECK(query.dim() == 3 && key.dim() == 3 && query.stride(2) == 1 && key.stride(2) == 1,
+               "query/key must be [tokens, heads, head_size] with contiguous heads");
+  PAGODA_CHECK(query.size(0) == key.size(0) && positions.numel() == query.size(0),
+               "one position per token");
+  PAGODA_CHECK(query.scalar_type() == key.scalar_type(), "query and key dtypes differ");
+  PAGODA_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
                   cos_sin_cache.size(1) <= query.size(2) && cos_sin_cache.size(1) % 2 == 0,
-              "cos_sin_cache must be [max_position, rot_dim], rot_dim even and <= head_size");
-  TORCH_CHECK(key.size(2) == query.size(2), "head sizes differ");
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "cos_sin_cache must be float32");
+               "cos_sin_cache must be [max_position, rot_dim], rot_dim even and <= head_size");
+  PAGODA_CHECK(key.size(2) == query.size(2), "head sizes differ");
+  PAGODA_CHECK(cos_sin_cache.scalar_type() == at::kFloat, "cos_sin_cache must be float32");
   pagoda_cpu::run_op([=]() mutable { rotate(positions, query, key, cos_sin_cache); });
 }
 
@@ -205,11 +209,12 @@ void silu_and_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, i
 
 at::Tensor silu_and_mul(at::Tensor x) {
   check_rows(x, "x");
-  TORCH_CHECK(x.size(1) % 2 == 0, "x must be [rows, 2 * d]");
+  PAGODA_CHECK(x.size(1) % 2 == 0, "x must be [rows, 2 * d]");
   const int64_t rows = x.size(0), d = x.size(1) / 2;
   auto out = at::empty({rows, d}, x.options());
   pagoda_cpu::run_op([=]() mutable {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+    pagoda_cpu::dispatch_dtype(x.scalar_type(), "x", [&](auto type_tag) {
+      using scalar_t = decltype(type_tag);
       const scalar_t* src = x.data_ptr<scalar_t>();
       scalar_t* dst = out.data_ptr<scalar_t>();
       const int64_t stride = x.stride(0);
@@ -226,8 +231,8 @@ at::Tensor silu_and_mul(at::Tensor x) {
 // The token embedding: out[t] = weight[ids[t]]. One call where F.embedding
 // is an aten op a CPU graph cannot record.
 at::Tensor embedding(at::Tensor ids, at::Tensor weight) {
-  TORCH_CHECK(ids.device().is_cpu() && ids.dim() == 1 && ids.scalar_type() == at::kLong,
-              "ids must be a CPU int64 [tokens] tensor");
+  PAGODA_CHECK(ids.device().is_cpu() && ids.dim() == 1 && ids.scalar_type() == at::kLong,
+               "ids must be a CPU int64 [tokens] tensor");
   check_rows(weight, "weight");
   auto out = at::empty({ids.size(0), weight.size(1)}, weight.options());
   pagoda_cpu::run_op([=]() mutable {
@@ -235,8 +240,8 @@ at::Tensor embedding(at::Tensor ids, at::Tensor weight) {
     const int64_t* id = idx.data_ptr<int64_t>();
     const int64_t tokens = idx.size(0), vocab = weight.size(0);
     for (int64_t t = 0; t < tokens; ++t) {
-      TORCH_CHECK(id[t] >= 0 && id[t] < vocab, "token id ", id[t], " outside the vocabulary (",
-                  vocab, ")");
+      PAGODA_CHECK(id[t] >= 0 && id[t] < vocab, "token id %lld outside the vocabulary (%lld)",
+                   static_cast<long long>(id[t]), static_cast<long long>(vocab));
     }
     const int64_t bytes = weight.size(1) * static_cast<int64_t>(weight.element_size());
     const char* src = static_cast<const char*>(weight.data_ptr());

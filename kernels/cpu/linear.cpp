@@ -363,9 +363,9 @@ bool linear_supported(at::ScalarType dtype) { return supported(dtype); }
 bool linear_bf16_pairs() { return per_step(at::kBFloat16) == 2; }
 
 at::Tensor pack_linear_weight(at::Tensor weight) {
-  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2, "weight must be a CPU [out, in] tensor");
-  TORCH_CHECK(supported(weight.scalar_type()), "no packed linear for ", weight.scalar_type(),
-              " on this CPU");
+  PAGODA_CHECK(weight.device().is_cpu() && weight.dim() == 2, "weight must be a CPU [out, in] tensor");
+  PAGODA_CHECK(supported(weight.scalar_type()), "no packed linear for %s on this CPU",
+               c10::toString(weight.scalar_type()));
   const int64_t N = weight.size(0), K = weight.size(1), step = per_step(weight.scalar_type());
   const int64_t panels = ceil_div(N, kPanel), k_steps = ceil_div(K, step);
   // [panel, k step, output in panel, element of the step]
@@ -376,22 +376,25 @@ at::Tensor pack_linear_weight(at::Tensor weight) {
 
 at::Tensor packed_linear(at::Tensor x, at::Tensor packed, int64_t out_features,
                          c10::optional<at::Tensor> bias, int64_t widen_from_rows) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
-              "x must be a CPU [rows, in] tensor with contiguous rows");
-  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(2) == kPanel &&
+  PAGODA_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1,
+               "x must be a CPU [rows, in] tensor with contiguous rows");
+  PAGODA_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.size(2) == kPanel &&
                   packed.scalar_type() == x.scalar_type(),
-              "packed must come from pack_linear_weight, in x's dtype");
+               "packed must come from pack_linear_weight, in x's dtype");
   const int64_t step = per_step(x.scalar_type());
-  TORCH_CHECK(packed.size(3) == step && packed.size(1) == ceil_div(x.size(1), step),
-              "x has ", x.size(1), " features; the packed weight takes ", packed.size(1) * step);
-  TORCH_CHECK(out_features > 0 && ceil_div(out_features, kPanel) == packed.size(0),
-              "out_features ", out_features, " does not match the packed weight");
+  PAGODA_CHECK(packed.size(3) == step && packed.size(1) == ceil_div(x.size(1), step),
+               "x has %lld features; the packed weight takes %lld",
+               static_cast<long long>(x.size(1)), static_cast<long long>(packed.size(1) * step));
+  PAGODA_CHECK(out_features > 0 && ceil_div(out_features, kPanel) == packed.size(0),
+               "out_features %lld does not match the packed weight",
+               static_cast<long long>(out_features));
   if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
+    PAGODA_CHECK(bias->is_contiguous() && bias->numel() == out_features &&
                     bias->scalar_type() == x.scalar_type(),
-                "bias must be [out_features] in x's dtype");
+                 "bias must be [out_features] in x's dtype");
   }
-  TORCH_CHECK(supported(x.scalar_type()), "no packed linear for ", x.scalar_type(), " on this CPU");
+  PAGODA_CHECK(supported(x.scalar_type()), "no packed linear for %s on this CPU",
+               c10::toString(x.scalar_type()));
   auto out = at::empty({x.size(0), out_features}, x.options());
   if (x.size(0) == 0) return out;
   pagoda_cpu::run_op([=]() mutable {

@@ -414,24 +414,24 @@ namespace {
 void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_cache,
                                    at::Tensor block_table, at::Tensor seq_lens, at::Tensor query_start_loc,
                                    at::Tensor rows, double scale) {
-  TORCH_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
-  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
-  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
-  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
-              "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
-  TORCH_CHECK(kv_cache.size(2) == kBlock, "block size must be ", kBlock);
+  PAGODA_CHECK(query.device().is_cpu() && kv_cache.device().is_cpu(), "CPU tensors only");
+  PAGODA_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query/out must be [T, H, D]");
+  PAGODA_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "head dim must be contiguous");
+  PAGODA_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+               "kv_cache must be a contiguous [2, blocks, block_size, kv_heads, head_size]");
+  PAGODA_CHECK(kv_cache.size(2) == kBlock, "block size must be %d", static_cast<int>(kBlock));
   const int64_t head_size = query.size(2);
-  TORCH_CHECK(head_size == 64 || head_size == 128, "head size must be 64 or 128");
-  TORCH_CHECK(kv_cache.size(4) == head_size, "head sizes differ");
-  TORCH_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
-  TORCH_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
-  TORCH_CHECK(query_start_loc.scalar_type() == at::kInt && query_start_loc.is_contiguous(),
-              "query_start_loc: int32");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous(), "rows: int64");
-  TORCH_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_table.size(0) >= seq_lens.size(0),
-              "one row per request");
+  PAGODA_CHECK(head_size == 64 || head_size == 128, "head size must be 64 or 128");
+  PAGODA_CHECK(kv_cache.size(4) == head_size, "head sizes differ");
+  PAGODA_CHECK(query.size(1) % kv_cache.size(3) == 0, "heads must be a multiple of KV heads");
+  PAGODA_CHECK(out.scalar_type() == query.scalar_type(), "query and out dtypes differ");
+  PAGODA_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table: int32 rows");
+  PAGODA_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
+  PAGODA_CHECK(query_start_loc.scalar_type() == at::kInt && query_start_loc.is_contiguous(),
+               "query_start_loc: int32");
+  PAGODA_CHECK(rows.scalar_type() == at::kLong && rows.is_contiguous(), "rows: int64");
+  PAGODA_CHECK(query_start_loc.size(0) == seq_lens.size(0) + 1 && block_table.size(0) >= seq_lens.size(0),
+               "one row per request");
   // Bounds, checked once here rather than per read.
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
@@ -442,14 +442,16 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
   std::vector<Task> tasks;
   for (int64_t i = 0; i < rows.size(0); ++i) {
     const int64_t r = reqs[i];
-    TORCH_CHECK(r >= 0 && r < seq_lens.size(0), "rows[", i, "] = ", r, " is not a request");
+    PAGODA_CHECK(r >= 0 && r < seq_lens.size(0), "rows[%lld] = %lld is not a request",
+                 static_cast<long long>(i), static_cast<long long>(r));
     const int64_t q_len = qsl[r + 1] - qsl[r];
-    TORCH_CHECK(qsl[r] >= 0 && qsl[r + 1] <= num_tokens && q_len >= 1, "query_start_loc out of range");
-    TORCH_CHECK(lens[r] >= q_len && lens[r] <= width * kBlock,
-                "seq_lens[", r, "] = ", lens[r], " outside ", q_len, "..", width * kBlock);
+    PAGODA_CHECK(qsl[r] >= 0 && qsl[r + 1] <= num_tokens && q_len >= 1, "query_start_loc out of range");
+    PAGODA_CHECK(lens[r] >= q_len && lens[r] <= width * kBlock,
+                 "seq_lens[%lld] = %d outside %lld..%lld", static_cast<long long>(r), lens[r],
+                 static_cast<long long>(q_len), static_cast<long long>(width * kBlock));
     for (int64_t b = 0; b < (lens[r] + kBlock - 1) / kBlock; ++b) {
       const int32_t id = table[r * block_table.stride(0) + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
+      PAGODA_CHECK(id >= 0 && id < num_blocks, "block id %d outside the cache", id);
     }
     // Tiles from the chunk's end: the last (longest) ones first, so the
     // scheduler's static chunks of the task list end up even.
@@ -458,8 +460,8 @@ void checked_prefill_attention(at::Tensor out, at::Tensor query, at::Tensor kv_c
   }
   if (tasks.empty()) return;
   const std::vector<int64_t> req_list(reqs, reqs + rows.size(0));
-  pagoda_cpu::dispatch_kv_type(query.scalar_type(), "query", [&](auto q) {
-    pagoda_cpu::dispatch_kv_type(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
+  pagoda_cpu::dispatch_dtype(query.scalar_type(), "query", [&](auto q) {
+    pagoda_cpu::dispatch_dtype(kv_cache.scalar_type(), "kv_cache", [&](auto c) {
       using query_t = decltype(q);
       using cache_t = decltype(c);
       auto run = head_size == 64 ? prefill_attention_impl<query_t, cache_t, 64>

@@ -112,6 +112,12 @@ def test_refuses_what_it_cannot_read(ext):
         ext.rotary_embedding(torch.tensor([0, 1]), q, k, cache.double())
     with pytest.raises(RuntimeError, match="2 \\* d"):
         ext.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(
+        RuntimeError, match="x dtype must be float32, bfloat16 or float16, got Double"
+    ):
+        ext.rms_norm(x.double(), torch.ones(8, dtype=torch.float64), 1e-6)
+    with pytest.raises(RuntimeError, match=r"query/key dtype must be .*, got Int"):
+        ext.rotary_embedding(torch.tensor([0, 1]), q.int(), k.int(), cache)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
