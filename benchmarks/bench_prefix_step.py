@@ -10,6 +10,12 @@ machine, without queueing: the server's waves (requests of a closed loop
 arriving together) only add to both sides.
 
     python benchmarks/bench_prefix_step.py --dtype bfloat16
+
+`--sweep N...` also times the cached step for each of those numbers of new
+tokens: the line through them splits a step into a part that grows with
+the tokens and a part that does not (reading the weights, the eager
+forward's host work). One new token is a decode step, replayed from a graph
+where one was captured.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def main() -> int:
     ap.add_argument("--suffix-len", type=int, default=80)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--sweep", type=int, nargs="*", default=[], help="new-token counts to time")
     ns = ap.parse_args()
     if ns.threads:
         torch.set_num_threads(ns.threads)
@@ -58,6 +65,9 @@ def main() -> int:
     for _ in range(ns.rounds):
         cached.append(timed_request(engine, prefix + tokens(ns.suffix_len), params) * 1e3)
         whole.append(timed_request(engine, tokens(ns.prefix_len + ns.suffix_len), params) * 1e3)
+    for n in ns.sweep:
+        times = [timed_request(engine, prefix + tokens(n), params) * 1e3 for _ in range(ns.rounds)]
+        print(f"cached prefix + {n:4d} new: median {statistics.median(times):6.1f} ms")
     c, w = statistics.median(cached), statistics.median(whole)
     total = ns.prefix_len + ns.suffix_len
     print(f"cached prefix + {ns.suffix_len} new: median {c:.1f} ms {[round(x) for x in cached]}")
