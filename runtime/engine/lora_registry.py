@@ -24,6 +24,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pagoda.runtime.lora.request import LoRARequest
@@ -82,17 +83,24 @@ def resolve_lora_path(path: str) -> str:
     return str(snapshot.joinpath(*parts[2:]))
 
 
+@dataclass(frozen=True)
+class LoadedAdapter:
+    """A name's adapter as the server serves it."""
+
+    request: LoRARequest
+    # What the user gave (before hf:// resolution), shown by /v1/models.
+    source: str
+    # When it was loaded (Unix seconds): /v1/models' `created`, stable
+    # across listings as OpenAI's is.
+    loaded_at: int
+
+
 class LoRARegistry:
     def __init__(self, call: EngineCall, base_model_name: str, on_event: EventHook | None = None):
         self._call = call
         self.base_model_name = base_model_name
         self._on_event = on_event or (lambda event, outcome: None)
-        self.adapters: dict[str, LoRARequest] = {}
-        # What the user gave (before hf:// resolution), shown by /v1/models.
-        self.sources: dict[str, str] = {}
-        # When each name was loaded (Unix seconds): /v1/models' `created`,
-        # stable across listings as OpenAI's is.
-        self.loaded_at: dict[str, int] = {}
+        self.adapters: dict[str, LoadedAdapter] = {}
         self.names: dict[int, str] = {}  # every id ever loaded -> its name
         self._next_id = 0
         self._lock = asyncio.Lock()
@@ -128,10 +136,10 @@ class LoRARegistry:
         """The adapter a request's `model` names; None for the base model."""
         if model is None or model == self.base_model_name:
             return None
-        lora = self.adapters.get(model)
-        if lora is None:
+        loaded = self.adapters.get(model)
+        if loaded is None:
             raise LoRANotFoundError(f"The model `{model}` does not exist.", param="model")
-        return lora
+        return loaded.request
 
     async def load(
         self,
@@ -164,11 +172,11 @@ class LoRARegistry:
         async with self._lock:
             self._order(generation, if_current)
             old = self.adapters.get(name)
-            if old is not None and self.sources.get(name) == path:
-                return old  # the same folder again: nothing to do
+            if old is not None and old.source == path:
+                return old.request  # the same folder again: nothing to do
             if old is not None and not replace:
                 raise LoRAConflictError(
-                    f"adapter {name!r} is already loaded from {self.sources[name]}; "
+                    f"adapter {name!r} is already loaded from {old.source}; "
                     'unload it first, or pass "replace": true',
                     param="lora_name",
                 )
@@ -180,14 +188,12 @@ class LoRARegistry:
             except InvalidRequestError:
                 self._on_event("load", "error")
                 raise
-            self.adapters[name] = lora
-            self.sources[name] = path
-            self.loaded_at[name] = int(time.time())
+            self.adapters[name] = LoadedAdapter(lora, path, int(time.time()))
             self.names[lora.lora_int_id] = name
             self._on_event("load", "replaced" if old is not None else "ok")
             logger.info("LoRA adapter %r loaded from %s (id %d)", name, path, lora.lora_int_id)
             if old is not None:
-                self._retire(old.lora_int_id)
+                self._retire(old.request.lora_int_id)
             return lora
 
     async def unload(
@@ -199,12 +205,11 @@ class LoRARegistry:
         """
         async with self._lock:
             self._order(generation, if_current)
-            lora = self.adapters.pop(name, None)
-            if lora is None:
+            loaded = self.adapters.pop(name, None)
+            if loaded is None:
                 self._on_event("unload", "not_found")
                 raise LoRANotFoundError(f"no LoRA adapter named {name!r}", param="lora_name")
-            self.sources.pop(name, None)
-            self.loaded_at.pop(name, None)
+            lora = loaded.request
             self._on_event("unload", "ok")
             logger.info("LoRA adapter %r unloaded (id %d)", name, lora.lora_int_id)
             self._retire(lora.lora_int_id)

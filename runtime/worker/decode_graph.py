@@ -13,7 +13,8 @@ SmolLM2, issue 13). A graph issues them all with none of it:
 
 One graph is captured per batch size in `batch_sizes`; a decode step of `n`
 requests replays the smallest captured size >= n, with the extra rows padded
-so that they write nothing (slot -1) and attend to one key.
+so that they write nothing (slot -1) and attend to nothing (length 0, output
+zero: see `_padding`).
 
 Captured kernels read their inputs from static buffers, so every replay first
 copies the step's inputs into them. What the kernels decide from shapes or

@@ -37,12 +37,12 @@ def adapter_cards(registry: LoRARegistry, max_model_len: int) -> list[ModelCard]
     return [
         ModelCard(
             id=name,
-            created=registry.loaded_at[name],
-            root=registry.sources[name],
+            created=loaded.loaded_at,
+            root=loaded.source,
             parent=registry.base_model_name,
             max_model_len=max_model_len,
         )
-        for name in sorted(registry.adapters)
+        for name, loaded in sorted(registry.adapters.items())
     ]
 
 
