@@ -75,6 +75,9 @@ def bench_decode(ext, dtype, batch: int, reps: int, caches: int = 24, cache_dtyp
 # system prompt: little compute per packed block).
 MIXED_CHUNKS = [(272, 272), (400, 256), (128, 128), (500, 100)]
 CACHED_PREFIX_CHUNKS = [(448, 64), (464, 80), (480, 96), (432, 48)]
+# One request's suffix alone, as the first request of a wave is prefilled:
+# few tasks (9 on SmolLM2's 3 KV heads), so their balance over the threads shows.
+ONE_SUFFIX_CHUNKS = [(464, 80)]
 
 
 def bench_prefill(
@@ -130,6 +133,10 @@ def main() -> int:
             ext, dtype, 2 * ns.reps, cache_dtype=cache_dtype, chunks=CACHED_PREFIX_CHUNKS
         )
         print(f"prefill {name:17} 4 suffixes: {ms:6.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
+        ms, gflops = bench_prefill(
+            ext, dtype, 4 * ns.reps, cache_dtype=cache_dtype, chunks=ONE_SUFFIX_CHUNKS
+        )
+        print(f"prefill {name:17} 1 suffix: {ms:8.2f} ms  {gflops:5.0f} GFLOP/s", flush=True)
     return 0
 
 
