@@ -3,9 +3,10 @@
 #
 #   bash benchmarks/gpu/device_checks.sh [steps...]     (default: all)
 #
-# steps: env tests worker kernel kernel_short e2e e2e_fp16 serve sweep profile
-# gemm. Each runs under its own timeout so a hang costs one step, not the
-# call; logs and JSON go to $LOGS, packed after every step into $OUT/logs.tgz (the device tool brings back a
+# steps: env tests cpu_kernels worker kernel kernel_short e2e e2e_fp16 serve
+# sweep profile gemm. Each runs under its own timeout so a hang costs one
+# step, not the call; logs and JSON go to $LOGS, packed after every step into
+# $OUT/logs.tgz (the device tool brings back a
 # few files of $OUT only). The machine has torch and triton but not the
 # server's packages: they travel as wheels in .whl/ (made by
 # benchmarks/gpu/fetch_wheels.sh; carry it), and pagoda is put on the path as
@@ -54,6 +55,10 @@ tests)
     step tests_worker 100 python3 -m pytest -q tests/runtime/worker
     wait
     tail -n 4 "$LOGS/tests_kernels.log"; tail -n 40 "$LOGS/tests_worker.log" ;;
+cpu_kernels)  # the CPU kernels on the GPU machine's host: another CPU, compiler and torch
+    step tests_cpu_kernels 150 python3 -m pytest -q -n 8 tests/kernels/cpu \
+        --junitxml="$LOGS/tests_cpu_kernels.xml"
+    tail -n 15 "$LOGS/tests_cpu_kernels.log" ;;
 worker)
     step tests_worker 100 python3 -m pytest -q -x tests/runtime/worker
     tail -n 40 "$LOGS/tests_worker.log" ;;
