@@ -25,8 +25,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "cpu_common.h"
