@@ -15,7 +15,7 @@ set -u
 OUT=${OUT:-/tmp/pagoda-device-out}
 LOGS=/tmp/pagoda-logs
 mkdir -p "$OUT" "$LOGS"
-STEPS=${*:-env tests kernel e2e serve sweep}
+STEPS=${*:-env tests cpu_kernels kernel e2e serve sweep}
 export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 ROOT=$PWD
 
