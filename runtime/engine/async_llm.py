@@ -264,7 +264,7 @@ class AsyncLLM:
     ) -> list[RequestHandle]:
         """Submit several prompts, all or none: if one is refused, those
         already submitted are aborted and forgotten, and the error is raised.
-        `lora_request` (from `lora_registry.resolve`) runs them with an adapter."""
+        `lora_request` (from `lora_registry.get`) runs them with an adapter."""
         self._check_alive()
         limit = self.max_waiting_requests
         if limit is not None and len(prompts) * params.n > limit:

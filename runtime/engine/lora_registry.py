@@ -132,14 +132,10 @@ class LoRARegistry:
         elif if_current:
             raise StaleGenerationError(generation, applied)
 
-    def resolve(self, model: str | None) -> LoRARequest | None:
-        """The adapter a request's `model` names; None for the base model."""
-        if model is None or model == self.base_model_name:
-            return None
-        loaded = self.adapters.get(model)
-        if loaded is None:
-            raise LoRANotFoundError(f"The model `{model}` does not exist.", param="model")
-        return loaded.request
+    def get(self, name: str) -> LoRARequest | None:
+        """The adapter served under `name`, or None."""
+        loaded = self.adapters.get(name)
+        return loaded.request if loaded is not None else None
 
     async def load(
         self,

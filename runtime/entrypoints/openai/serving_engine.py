@@ -49,9 +49,9 @@ class OpenAIServing:
         if model is None or model == self.model_name:
             return None
         registry = self.engine.lora_registry
-        loaded = registry.adapters.get(model) if registry is not None else None
-        if loaded is not None:
-            return loaded.request
+        lora = registry.get(model) if registry is not None else None
+        if lora is not None:
+            return lora
         raise APIError(f"The model `{model}` does not exist.", 404, param="model")
 
     def response_model_name(self, lora_request: LoRARequest | None) -> str:
