@@ -10,6 +10,8 @@ to say what they said before."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,28 @@ def test_refusals_format_their_numbers(ext):
         ext.reshape_and_cache(k, k, cache, torch.tensor([2**63 - 1]))
     with pytest.raises(RuntimeError, match=r"^no packed linear for Int on this CPU$"):
         ext.pack_linear_weight(torch.ones(4, 4, dtype=torch.int32))
+
+
+def test_a_wrong_argument_type_raises_type_error_not_a_crash(ext):
+    """pybind11 builds its own "incompatible function arguments" message inside
+    the extension's code; in a child process, so a crash fails this test
+    instead of killing the run."""
+    code = (
+        "import torch\n"
+        "from pagoda.kernels.cpu import build\n"
+        "ext = build()\n"
+        "for call in (lambda: ext.embedding('tokens', torch.randn(4, 8)),\n"
+        "             lambda: ext.embedding(torch.tensor([0]), 3.5)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except TypeError as e:\n"
+        "        assert 'incompatible function arguments' in str(e), e\n"
+        "    else:\n"
+        "        raise AssertionError('no TypeError')\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (
+        done.returncode,
+        done.stderr[-2000:],
+    )
