@@ -5,20 +5,23 @@ memory roofline.
 For every batch size B: B requests with prompts of --prompt-len random
 token ids each generate exactly --output-len tokens (greedy, EOS ignored).
 
-  pagoda-graphs   the engine with CUDA graphs (the default on CUDA)
+  pagoda          the engine with CUDA graphs (the default on CUDA), once
+                  per --async-modes entry (async scheduling on, then off)
   pagoda-eager    the same engine with --enforce-eager (batch 1 only by
                   default, to show what graphs save)
   hf              transformers `generate` on the same model shape and batch
 
 Reported: output tokens/s (whole request, prefill included; the median of
---repeats runs) and the median
-decode step time (decode-only steps, timed around the model runner with the
-device synchronised), against the roofline: weight bytes (of an untied
-embedding table only the step's rows) + KV bytes read in the step over the
-measured device copy bandwidth.
+--repeats runs); the median decode step period (wall time from one
+decode-only step's launch to the next's, nothing synchronised: the whole
+loop's cost of a step); for the synchronous loop also the step timed inside
+the model runner with the device synchronised around it (what earlier runs
+called the step time). Each against the roofline: weight bytes (of an
+untied embedding table only the step's rows) + KV bytes read in the step
+over the measured device copy bandwidth.
 
     python benchmarks/bench_decode_e2e.py                 # B = 1 16 64 256
-    python benchmarks/bench_decode_e2e.py --batch 1 64 --output-len 64
+    python benchmarks/bench_decode_e2e.py --batch 1 64 --output-len 64 --async-modes on
 """
 
 from __future__ import annotations
@@ -38,28 +41,47 @@ from bench_decode_attention import measure_copy_bandwidth
 
 
 class StepTimer:
-    """Wraps ModelRunner.execute_model to time decode-only steps."""
+    """Wraps ModelRunner.execute_model and times its decode-only steps.
 
-    def __init__(self, runner):
+    period: wall time from one decode step's launch to the next's at the same
+    batch, no synchronisation: what a step costs the whole loop (scheduling,
+    bookkeeping, sampling and the device's work). With async scheduling the
+    host's share hides behind the device's, and this is the only fair clock.
+    bracketed (sync loop only): the time inside the call with the device
+    synchronised on both sides, the runner's own share (the previous
+    sessions' "step ms"; the synchronisation would defeat async scheduling).
+    """
+
+    def __init__(self, runner, bracket: bool):
         self.runner = runner
         self.inner = runner.execute_model
-        self.decode_times: list[tuple[int, int, float]] = []  # (batch, kv tokens, seconds)
+        self.bracket = bracket
+        self.periods: list[tuple[int, int, float]] = []  # (batch, kv tokens, seconds)
+        self.bracketed: list[tuple[int, float]] = []
+        self._last: tuple[int, float] | None = None
         runner.execute_model = self
 
+    def clear(self) -> None:
+        self.periods.clear()
+        self.bracketed.clear()
+        self._last = None
+
     def __call__(self, so):
-        decode = so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) > 0
+        now = time.perf_counter()
+        batch = len(so.num_scheduled_tokens)
+        decode = so.total_num_scheduled_tokens == batch > 0
+        if decode and self._last is not None and self._last[0] == batch:
+            # Each request reads its context and writes one token.
+            kv = sum(so.scheduled_cached_reqs.num_computed_tokens) + batch
+            self.periods.append((batch, kv, now - self._last[1]))
+        self._last = (batch, now) if decode else None
+        if not (self.bracket and decode):
+            return self.inner(so)
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = self.inner(so)
         torch.cuda.synchronize()
-        if decode:
-            kv = sum(
-                self.runner.batch.num_tokens[self.runner.batch.index[r]]
-                for r in so.num_scheduled_tokens
-            )
-            self.decode_times.append(
-                (len(so.num_scheduled_tokens), int(kv), time.perf_counter() - t)
-            )
+        self.bracketed.append((batch, time.perf_counter() - t))
         return out
 
 
@@ -108,6 +130,13 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.45)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument(
+        "--async-modes",
+        nargs="+",
+        default=["on", "off"],
+        choices=["on", "off"],
+        help="engines to measure, one after the other (async scheduling on / off)",
+    )
+    ap.add_argument(
         "--repeats", type=int, default=3, help="timed runs per batch; tokens/s is their median"
     )
     ap.add_argument("--out", default="benchmarks/results/decode_e2e.json")
@@ -138,7 +167,7 @@ def main() -> None:
         "rows": [],
     }
 
-    llm = LLM(**common)
+    llm = LLM(**common, async_scheduling=args.async_modes[0])
     runner = llm.engine.engine_core.executor.worker.runner
     weight_bytes = runner.weight_bytes
     # A step reads only its B rows of an untied embedding table, not all of
@@ -148,15 +177,60 @@ def main() -> None:
     embed_bytes = 0 if tied else embed.numel() * embed.element_size()
     row_bytes = embed.shape[1] * embed.element_size()
     kv_bytes_per_token = runner.kv_bytes_per_block() // runner.cache_config.block_size
-    timer = StepTimer(runner)
+    del runner
+
+    def roofline_s(b: int, kv_tokens: float) -> float:
+        read = weight_bytes - embed_bytes + (b * row_bytes if embed_bytes else 0)
+        return (read + kv_tokens * kv_bytes_per_token) / bw
+
+    prompts_of = {
+        b: torch.randint(256, vocab, (b, args.prompt_len), generator=g).tolist() for b in args.batch
+    }
+    for i, mode in enumerate(args.async_modes):
+        if i:
+            del llm
+            gc.collect()  # the engine's cycles hold the KV cache until collected
+            torch.cuda.empty_cache()
+            llm = LLM(**common, async_scheduling=mode)
+        core = llm.engine.engine_core
+        timer = StepTimer(core.executor.worker.runner, bracket=not core.async_scheduling)
+        for b in args.batch:
+            prompts = prompts_of[b]
+            run_pagoda(llm, prompts[:1], 4)  # warm-up
+            timer.clear()
+            t_pagoda = statistics.median(
+                run_pagoda(llm, prompts, args.output_len) for _ in range(args.repeats)
+            )
+            periods = [p for p in timer.periods if p[0] == b]
+            period = statistics.median(p[2] for p in periods)
+            roofline = roofline_s(b, statistics.median(p[1] for p in periods))
+            row = {
+                "async_scheduling": mode,
+                "batch": b,
+                "pagoda_tok_s": b * args.output_len / t_pagoda,
+                "step_period_ms": period * 1e3,
+                "roofline_step_ms": roofline * 1e3,
+                "fraction_of_roofline": roofline / period,
+            }
+            bracketed = [t for n, t in timer.bracketed if n == b]
+            if bracketed:
+                row["bracketed_step_ms"] = statistics.median(bracketed) * 1e3
+                row["bracketed_fraction_of_roofline"] = roofline / statistics.median(bracketed)
+            results["rows"].append(row)
+            print(row, flush=True)
+        del timer, core
 
     hf = None
     if not args.no_hf:
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+        llm = None
         from transformers import LlamaConfig, LlamaForCausalLM
 
         cfg = LlamaConfig(**{k: v for k, v in PRESETS[args.preset].items() if k != "architectures"})
         # Built in the half dtype directly: a float32 build of 8B weights
-        # (32 GB) beside the engine's share of the GPU would not fit an 80 GB card.
+        # (32 GB) would not fit beside the engine on an 80 GB card.
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(getattr(torch, args.dtype))
         try:
@@ -164,56 +238,35 @@ def main() -> None:
                 hf = LlamaForCausalLM(cfg).eval()
         finally:
             torch.set_default_dtype(default_dtype)
-
-    for b in args.batch:
-        prompts = torch.randint(256, vocab, (b, args.prompt_len), generator=g).tolist()
-        run_pagoda(llm, prompts[:1], 4)  # warm-up
-        timer.decode_times.clear()
-        t_pagoda = statistics.median(
-            run_pagoda(llm, prompts, args.output_len) for _ in range(args.repeats)
-        )
-        steps = [s for s in timer.decode_times if s[0] == b]
-        step = statistics.median(s[2] for s in steps)
-        kv_tokens = statistics.median(s[1] for s in steps)
-        read = weight_bytes - embed_bytes + (b * row_bytes if embed_bytes else 0)
-        roofline = (read + kv_tokens * kv_bytes_per_token) / bw
-        row = {
-            "batch": b,
-            "pagoda_tok_s": b * args.output_len / t_pagoda,
-            "decode_step_ms": step * 1e3,
-            "roofline_step_ms": roofline * 1e3,
-            "fraction_of_roofline": roofline / step,
-        }
-        if hf is not None:
-            run_hf(hf, prompts[:1], 4)
+        for b in args.batch:
+            run_hf(hf, prompts_of[b][:1], 4)
             t_hf = statistics.median(
-                run_hf(hf, prompts, args.output_len) for _ in range(args.repeats)
+                run_hf(hf, prompts_of[b], args.output_len) for _ in range(args.repeats)
             )
-            row["hf_tok_s"] = b * args.output_len / t_hf
-            row["speedup_vs_hf"] = row["pagoda_tok_s"] / row["hf_tok_s"]
-        results["rows"].append(row)
-        print(row, flush=True)
+            for row in results["rows"]:
+                if row["batch"] == b:
+                    row["hf_tok_s"] = b * args.output_len / t_hf
+                    row["speedup_vs_hf"] = row["pagoda_tok_s"] / row["hf_tok_s"]
 
     if args.eager_batches:
-        # The engine's budget is a fraction of the whole device with this
-        # process's other tensors counted in: free the first engine and the
-        # transformers model (its rows are done) before building another.
-        del llm, timer, runner, hf
-        gc.collect()  # the engine's cycles hold the KV cache until collected
+        del llm, hf
+        gc.collect()
         torch.cuda.empty_cache()
-        eager = LLM(**common, enforce_eager=True)
-        etimer = StepTimer(eager.engine.engine_core.executor.worker.runner)
+        eager = LLM(**common, enforce_eager=True, async_scheduling="off")
+        etimer = StepTimer(eager.engine.engine_core.executor.worker.runner, bracket=True)
         for b in args.eager_batches:
             prompts = torch.randint(256, vocab, (b, args.prompt_len), generator=g).tolist()
             run_pagoda(eager, prompts[:1], 4)
-            etimer.decode_times.clear()
+            etimer.clear()
             run_pagoda(eager, prompts, args.output_len)
-            step = statistics.median(s[2] for s in etimer.decode_times if s[0] == b)
-            graph_row = next((r for r in results["rows"] if r["batch"] == b), None)
+            step = statistics.median(t for n, t in etimer.bracketed if n == b)
+            graph_row = next(
+                (r for r in results["rows"] if r["batch"] == b and "bracketed_step_ms" in r), None
+            )
             entry = {"batch": b, "eager_step_ms": step * 1e3}
             if graph_row:
-                entry["graph_step_ms"] = graph_row["decode_step_ms"]
-                entry["graph_saving"] = 1 - graph_row["decode_step_ms"] / (step * 1e3)
+                entry["graph_step_ms"] = graph_row["bracketed_step_ms"]
+                entry["graph_saving"] = 1 - graph_row["bracketed_step_ms"] / (step * 1e3)
             results.setdefault("cuda_graphs", []).append(entry)
             print(entry, flush=True)
 
@@ -221,12 +274,15 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\n{results['device']}, {args.dtype}, copy bandwidth {bw / 1e9:.0f} GB/s")
     print(
-        f"{'batch':>5} {'pagoda tok/s':>12} {'hf tok/s':>9} {'x hf':>6} {'step ms':>8} {'roofline ms':>11} {'%roof':>6}"
+        f"{'async':>5} {'batch':>5} {'pagoda tok/s':>12} {'hf tok/s':>9} {'x hf':>6} "
+        f"{'period ms':>9} {'in-call ms':>10} {'roofline ms':>11} {'%roof':>6}"
     )
+    nan = float("nan")
     for r in results["rows"]:
         print(
-            f"{r['batch']:5d} {r['pagoda_tok_s']:12.0f} {r.get('hf_tok_s', float('nan')):9.0f} "
-            f"{r.get('speedup_vs_hf', float('nan')):6.2f} {r['decode_step_ms']:8.2f} "
+            f"{r['async_scheduling']:>5} {r['batch']:5d} {r['pagoda_tok_s']:12.0f} "
+            f"{r.get('hf_tok_s', nan):9.0f} {r.get('speedup_vs_hf', nan):6.2f} "
+            f"{r['step_period_ms']:9.2f} {r.get('bracketed_step_ms', nan):10.2f} "
             f"{r['roofline_step_ms']:11.2f} {100 * r['fraction_of_roofline']:6.0f}"
         )
     for e in results.get("cuda_graphs", []):

@@ -25,6 +25,10 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # since CVE-2025-25183); builtin (Python's hash) is faster and only for
 # trusted traffic. Measured in benchmarks/bench_prefix_hash.py.
 PREFIX_CACHING_HASH_ALGOS = ("sha256", "builtin")
+# Schedule step N+1 while step N runs on the device (vLLM's async scheduling).
+# auto: on where it can overlap anything, i.e. CUDA with one rank and no
+# speculative decoding; on the CPU the host and the forward share the cores.
+ASYNC_SCHEDULING = ("auto", "on", "off")
 
 
 @dataclass
@@ -62,6 +66,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     # Distinct LoRA adapters one step may hold; 0 when LoRA is off.
     max_loras: int = 0
+    # Step N+1 is scheduled and launched before step N's tokens reach the
+    # host: each running request holds a placeholder for its unseen token.
+    async_scheduling: bool = False
 
 
 @dataclass
@@ -173,6 +180,8 @@ class EngineArgs:
     # "num_speculative_tokens": k, ...} (pagoda.runtime.spec_decode.config);
     # empty or None: off.
     speculative_config: dict | None = None
+    # See ASYNC_SCHEDULING.
+    async_scheduling: str = "auto"
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -200,6 +209,11 @@ class EngineArgs:
             self.attention_backend in ATTENTION_BACKENDS,
             "attention_backend",
             f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}",
+        )
+        check(
+            self.async_scheduling in ASYNC_SCHEDULING,
+            "async_scheduling",
+            f"must be one of {ASYNC_SCHEDULING}, got {self.async_scheduling!r}",
         )
         check(
             self.prefix_caching_hash_algo in PREFIX_CACHING_HASH_ALGOS,
@@ -257,7 +271,9 @@ class EngineArgs:
             cache_dtype=self.kv_cache_dtype,
         )
 
-    def scheduler_config(self, max_model_len: int, device_type: str) -> SchedulerConfig:
+    def scheduler_config(
+        self, max_model_len: int, device_type: str, async_scheduling: bool = False
+    ) -> SchedulerConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device_type, 4096)
@@ -266,6 +282,7 @@ class EngineArgs:
             max_num_batched_tokens=budget,
             max_model_len=max_model_len,
             max_loras=self.max_loras if self.enable_lora else 0,
+            async_scheduling=async_scheduling,
         )
 
     def lora_config(self) -> LoRAConfig | None:
@@ -290,11 +307,18 @@ class EngineArgs:
             distributed_backend="nccl" if model_config.device.type == "cuda" else "gloo",
         )
         check_tensor_parallel(model_config.arch, parallel.tensor_parallel_size)
+        speculative = resolve_speculative_config(self.speculative_config, self, model_config)
+        overlap = resolve_async_scheduling(
+            self.async_scheduling,
+            model_config.device.type,
+            parallel.tensor_parallel_size,
+            speculative is not None,
+        )
         return EngineConfig(
             model_config=model_config,
             cache_config=self.cache_config(),
             scheduler_config=self.scheduler_config(
-                model_config.max_model_len, model_config.device.type
+                model_config.max_model_len, model_config.device.type, overlap
             ),
             parallel_config=parallel,
             runner_config=RunnerConfig(
@@ -305,10 +329,32 @@ class EngineArgs:
                 seed=self.seed,
             ),
             lora_config=self.lora_config(),
-            speculative_config=resolve_speculative_config(
-                self.speculative_config, self, model_config
-            ),
+            speculative_config=speculative,
         )
+
+
+def resolve_async_scheduling(
+    mode: str, device_type: str, tensor_parallel_size: int, speculative: bool
+) -> bool:
+    """Whether steps overlap (see ASYNC_SCHEDULING). "on" is refused where the
+    engine cannot do it: several ranks (rank 0's sampled tokens would have to
+    reach the others before their next step) and speculative decoding (the
+    next step's drafts depend on how many of this step's were accepted)."""
+    if mode == "off":
+        return False
+    blockers = []
+    if tensor_parallel_size > 1:
+        blockers.append(f"tensor_parallel_size {tensor_parallel_size}")
+    if speculative:
+        blockers.append("speculative decoding")
+    if mode == "auto":
+        return device_type == "cuda" and not blockers
+    if blockers:
+        raise InvalidRequestError(
+            f"async_scheduling cannot be on with {' and '.join(blockers)}",
+            param="async_scheduling",
+        )
+    return True
 
 
 def check_tensor_parallel(arch: ModelArchConfig, tp_size: int) -> None:

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu/device_checks.sh [steps...]     (default: all)
 #
-# steps: env tests cpu_kernels worker kernel kernel_short e2e e2e_fp16 serve
+# steps: env tests cpu_kernels worker kernel kernel_short e2e e2e_async e2e_fp16 serve
 # sweep profile gemm. Each runs under its own timeout so a hang costs one
 # step, not the call; logs and JSON go to $LOGS, packed after every step into
 # $OUT/logs.tgz (the device tool brings back a
@@ -52,7 +52,7 @@ tests)
     # Kernels on 6 workers while the CUDA-graph test (whole engines) runs alone.
     step tests_kernels 100 python3 -m pytest -q -x -n 6 tests/kernels \
         --ignore=tests/kernels/cpu --junitxml="$LOGS/tests_kernels.xml" &
-    step tests_worker 100 python3 -m pytest -q tests/runtime/worker
+    step tests_worker 240 python3 -m pytest -q tests/runtime/worker
     wait
     tail -n 4 "$LOGS/tests_kernels.log"; tail -n 40 "$LOGS/tests_worker.log" ;;
 cpu_kernels)  # the CPU kernels on the GPU machine's host: another CPU, compiler and torch
@@ -60,7 +60,7 @@ cpu_kernels)  # the CPU kernels on the GPU machine's host: another CPU, compiler
         --junitxml="$LOGS/tests_cpu_kernels.xml"
     tail -n 15 "$LOGS/tests_cpu_kernels.log" ;;
 worker)
-    step tests_worker 100 python3 -m pytest -q -x tests/runtime/worker
+    step tests_worker 240 python3 -m pytest -q -x tests/runtime/worker
     tail -n 40 "$LOGS/tests_worker.log" ;;
 kernel)
     step kernel 150 python3 benchmarks/kernels/bench_decode_attention.py \
@@ -89,25 +89,35 @@ e2e_fp16)  # float16 end to end through CUDA graphs: runs, and at what speed
 e2e)
     step e2e 170 python3 benchmarks/bench_decode_e2e.py --batch 1 16 64 256 \
         --prompt-len 128 --output-len 64 --out "$LOGS/decode_e2e.json"
-    tail -8 "$LOGS/e2e.log" ;;
+    tail -12 "$LOGS/e2e.log" ;;
+e2e_async)  # async scheduling on against off, same run, no transformers or eager engine
+    step e2e_async 200 python3 benchmarks/bench_decode_e2e.py --batch 1 16 64 256 \
+        --prompt-len 128 --output-len 64 --no-hf --eager-batches --repeats 3 \
+        --out "$LOGS/decode_e2e_async.json"
+    tail -10 "$LOGS/e2e_async.log" ;;
 serve)
+    # One server per SERVE_MODES entry (async scheduling; default "on", the
+    # CUDA default), SERVE_ROUNDS rounds (default 3) of C = 1, 16, 64 each.
+    for mode in ${SERVE_MODES:-on}; do
     $PAGODA serve llama-3-8b --random-weights --dtype bfloat16 --port 8011 \
-        --gpu-memory-utilization 0.9 --max-model-len 4096 >"$LOGS/server.log" 2>&1 &
+        --gpu-memory-utilization 0.9 --max-model-len 4096 --async-scheduling "$mode" \
+        >"$LOGS/server_$mode.log" 2>&1 &
     server=$!
     for _ in $(seq 120); do
         python3 -c "import urllib.request as u; u.urlopen('http://localhost:8011/health', timeout=2)" 2>/dev/null && break
         kill -0 $server 2>/dev/null || break
         sleep 1
     done
-    grep -i -E "kv|memory|concurren|graph" "$LOGS/server.log" | tail -8
-    # SERVE_ROUNDS rounds (default 3), concurrencies alternating, for medians.
+    grep -i -E "kv|memory|concurren|graph" "$LOGS/server_$mode.log" | tail -8
     for r in $(seq "${SERVE_ROUNDS:-3}"); do for c in 1 16 64; do
-        step "serve_c${c}_r$r" 45 $PAGODA bench serve --base-url http://localhost:8011 \
+        name="serve_${mode}_c${c}_r$r"
+        step "$name" 45 $PAGODA bench serve --base-url http://localhost:8011 \
             --num-prompts $((c == 1 ? 8 : c * 3)) --input-len 512 --output-len 128 \
-            --max-concurrency $c --seed "$r" --result-file "$LOGS/serve_c${c}_r$r.json"
-        grep -E "Failed|Output token|(Mean|Median|P90) TTFT|Median TPOT" "$LOGS/serve_c${c}_r$r.log"
+            --max-concurrency $c --seed "$r" --result-file "$LOGS/$name.json"
+        echo "$name"; grep -E "Failed|Output token|(Mean|Median|P90) TTFT|Median TPOT" "$LOGS/$name.log"
     done; done
-    kill $server; wait $server 2>/dev/null ;;
+    kill $server; wait $server 2>/dev/null
+    done ;;
 gemm)
     step gemm 100 python3 benchmarks/gpu/bench_skinny_gemm.py --rows 1 16
     grep -E "^ +(shape|qkv|o|gate_up|down|lm_head) " "$LOGS/gemm.log" ;;

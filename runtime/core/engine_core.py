@@ -1,5 +1,9 @@
 """EngineCore: the busy loop's body. schedule -> execute -> update.
 
+With async scheduling one step stays in flight: each `step()` schedules and
+launches step N+1, then turns step N's tokens into outputs, so the host's
+scheduling, bookkeeping and input preparation run while the device computes.
+
 It sees only token ids; tokenization, detokenization and stop strings live in
 the front end (the API server process, or the offline `LLM` in-process).
 """
@@ -12,6 +16,11 @@ from dataclasses import dataclass
 from pagoda.runtime.config import EngineConfig
 from pagoda.runtime.core.outputs import EngineCoreOutputs, EngineCoreRequest
 from pagoda.runtime.core.request import Request
+from pagoda.runtime.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from pagoda.runtime.core.scheduler import Scheduler
 from pagoda.runtime.executor.abstract import Executor
 from pagoda.runtime.lora.request import LoRARequest
@@ -59,6 +68,10 @@ class EngineCore:
         self.config = config
         self.model_config = config.model_config
         self.executor = Executor.create(config)
+        self.async_scheduling = config.scheduler_config.async_scheduling
+        # Async scheduling: the step launched last and not yet turned into outputs.
+        self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput | ModelRunnerOutput] | None
+        self._in_flight = None
         try:
             self._init_kv_cache(config)
         except BaseException:
@@ -129,15 +142,33 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule, run the model once, and turn its tokens into outputs."""
+        """Schedule, run the model once, and turn its tokens into outputs
+        (with async scheduling: the previous step's tokens)."""
+        if self.async_scheduling:
+            return self._step_overlapped()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats())
         sched_out = self.scheduler.schedule()
         runner_out = self.executor.execute_model(sched_out)
         return self.scheduler.update_from_output(sched_out, runner_out)
+
+    def _step_overlapped(self) -> EngineCoreOutputs:
+        scheduler = self.scheduler
+        previous, self._in_flight = self._in_flight, None
+        if scheduler.has_unfinished_requests():
+            # Launched before the previous step's tokens are read: the device
+            # goes from one step to the next without waiting for the host.
+            sched_out = scheduler.schedule()
+            self._in_flight = (sched_out, self.executor.execute_model(sched_out))
+        if previous is None:
+            return EngineCoreOutputs(scheduler_stats=scheduler.make_stats())
+        sched_out, runner_out = previous
+        if isinstance(runner_out, AsyncModelRunnerOutput):
+            runner_out = runner_out.get_output()
+        return scheduler.update_from_output(sched_out, runner_out)
 
     def shutdown(self) -> None:
         """Stop the workers (their processes, with tensor parallelism)."""

@@ -83,6 +83,9 @@ class Request:
     # verified by the next; never part of all_token_ids (only verified
     # tokens are).
     spec_token_ids: list[int] = field(default_factory=list)
+    # Async scheduling: tokens sampled by steps still in flight, not yet in
+    # all_token_ids; the scheduler already schedules the step that feeds them.
+    num_output_placeholders: int = 0
     # Events since the last output, for the front end's metrics.
     events: list[EngineCoreEvent] = field(default_factory=list)
 

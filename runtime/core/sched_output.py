@@ -7,6 +7,7 @@ message is broadcast per step).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from pagoda.runtime.core.outputs import TokenLogprobs
@@ -75,3 +76,12 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+
+
+class AsyncModelRunnerOutput(ABC):
+    """A step whose tokens are still on their way to the host (async
+    scheduling): the runner launched it and returned; `get_output` waits."""
+
+    @abstractmethod
+    def get_output(self) -> ModelRunnerOutput:
+        """The step's tokens, waiting for the device if they are not in yet."""

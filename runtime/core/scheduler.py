@@ -15,6 +15,15 @@ before anything reads them, and since only verified tokens key a cached
 block, the prefix cache never holds a rejected draft. Drafts are optional:
 a request is never preempted to make room for them.
 
+With async scheduling (`SchedulerConfig.async_scheduling`) step N+1 is
+scheduled while step N runs, before N's tokens are known: a request that
+samples in a step gains an output placeholder, which the next step already
+computes (the runner takes its input id from N's sampled tokens on the
+device) and `update_from_output` resolves. A request whose placeholders
+would take it to max_tokens or max_model_len is not scheduled again; one that
+stops on EOS or a stop token after its next step was scheduled has that
+step's token discarded. Only known tokens key a cached block, as with drafts.
+
 When blocks run out for a running request, the newest running request is
 preempted by recompute: its blocks are freed and it goes back to the front of
 the waiting queue with its output so far, to be prefilled again later (much
@@ -92,6 +101,8 @@ class Scheduler:
             speculative_config.num_lookahead_tokens if speculative_config else 0
         )
         self.spec_stats = SpecDecodingStats() if speculative_config else None
+        self.async_scheduling = scheduler_config.async_scheduling
+        assert not (self.async_scheduling and speculative_config), "refused by the config"
 
     # -- requests in and out -------------------------------------------------
 
@@ -190,10 +201,20 @@ class Scheduler:
             cached.new_block_ids,
             cached.num_computed_tokens,
         )
+        overlap = self.async_scheduling
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = len(request.all_token_ids) - request.num_computed_tokens
+            pending = request.num_output_placeholders
+            if pending and (
+                len(request.output_token_ids) + pending >= request.max_tokens
+                or len(request.all_token_ids) + pending >= self.max_model_len
+            ):
+                # The token in flight is its last: nothing more to compute.
+                i += 1
+                continue
+            num_known = len(request.all_token_ids) + pending
+            num_new = num_known - request.num_computed_tokens
             if num_new > budget:
                 num_new = budget
             if num_new <= 0:
@@ -227,6 +248,8 @@ class Scheduler:
             new_block_ids.append(block_ids)
             computed.append(request.num_computed_tokens)
             request.num_computed_tokens += num_new
+            if overlap and request.num_computed_tokens == num_known:
+                request.num_output_placeholders += 1  # it samples in this step
             budget -= num_new
             i += 1
         return budget
@@ -285,6 +308,8 @@ class Scheduler:
             )
             num_scheduled[request.request_id] = num_new
             request.num_computed_tokens = num_hit + num_new
+            if self.async_scheduling and request.num_computed_tokens == request.num_tokens:
+                request.num_output_placeholders = 1  # its prefill ends this step
             budget -= num_new
         waiting.extendleft(reversed(passed))
         return budget
@@ -317,6 +342,9 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         # The runner forgets the row and its drafts' probabilities with it.
         request.spec_token_ids = []
+        # A token still in flight is discarded when it lands (the request is
+        # no longer running); the recompute samples it again.
+        request.num_output_placeholders = 0
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -342,6 +370,8 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING or not token_ids:
                 continue  # aborted (or preempted) since it was scheduled
+            if request.num_output_placeholders:
+                request.num_output_placeholders -= 1
             if spec_on:
                 self._settle_drafts(request, scheduled_spec.get(req_id), len(token_ids))
                 # The drafts just verified are spent; the next ones (if any)

@@ -11,6 +11,7 @@ import os
 import typing
 
 from pagoda.runtime.config import (
+    ASYNC_SCHEDULING,
     ATTENTION_BACKENDS,
     DTYPES,
     KV_CACHE_DTYPES,
@@ -23,6 +24,7 @@ _CHOICES = {
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "attention_backend": ATTENTION_BACKENDS,
     "prefix_caching_hash_algo": PREFIX_CACHING_HASH_ALGOS,
+    "async_scheduling": ASYNC_SCHEDULING,
 }
 _HELP = {
     "model": "built-in name, .gguf file, or Hugging Face folder (with --random-weights: a preset)",
@@ -53,6 +55,8 @@ _HELP = {
     "speculative_config": 'speculative decoding as JSON, e.g. {"method": "ngram", '
     '"num_speculative_tokens": 3} or {"method": "draft_model", "model": ..., '
     '"num_speculative_tokens": 3}',
+    "async_scheduling": "schedule and launch step N+1 while step N runs, hiding the host's "
+    "share of a step; auto = on for CUDA with one rank and no speculative decoding",
     "fused_kernels": "CUDA: Triton kernels for RMSNorm, SiLU-and-mul and RoPE; CPU: oneDNN "
     "linears on prepacked weights and the C++ decode attention kernel (off: torch twins, "
     "F.linear, torch attention)",

@@ -14,7 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from pagoda.runtime.worker.worker import WorkerMemory
 
 
@@ -44,8 +48,11 @@ class Executor(ABC):
         """Call `Worker.<method>(*args, **kwargs)` on every rank; results in rank order."""
 
     @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step on every rank; the first rank's output."""
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
+        """Run one step on every rank; the first rank's output (with async
+        scheduling, possibly still on its way: AsyncModelRunnerOutput)."""
 
     def determine_num_blocks(self) -> int:
         """KV blocks every rank can hold: the smallest rank's budget decides."""

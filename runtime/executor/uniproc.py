@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from pagoda.runtime.executor.abstract import Executor
 from pagoda.runtime.worker.worker import Worker
 
@@ -22,7 +26,9 @@ class UniProcExecutor(Executor):
     ) -> list[Any]:
         return [getattr(self.worker, method)(*args, **(kwargs or {}))]
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 
     def shutdown(self) -> None:

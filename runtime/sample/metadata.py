@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pagoda.runtime.device_copy import host_to_device
 from pagoda.runtime.sample.ops import pad_token_lists
 from pagoda.runtime.sampling_params import SamplingParams
 
@@ -89,7 +90,7 @@ class SamplingMetadata:
         requested = [p.logprobs for p in params if p.logprobs is not None]
 
         def to_dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+            return host_to_device(a, device, dtype)
 
         random_rows = ~greedy
         return cls(

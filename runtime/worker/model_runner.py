@@ -11,7 +11,12 @@ from pagoda.kernels import cpu as cpu_kernels
 from pagoda.runtime.attention.backend import AttentionMetadata, kv_cache_shape
 from pagoda.runtime.attention.selector import select_backend
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
+from pagoda.runtime.device_copy import host_to_device
 from pagoda.runtime.distributed.parallel_state import TensorParallelGroup
 from pagoda.runtime.layers import packed_linear
 from pagoda.runtime.layers.custom_op import set_cpu_kernels, set_triton_kernels
@@ -19,7 +24,7 @@ from pagoda.runtime.lora.manager import LoRAManager
 from pagoda.runtime.lora.request import LoRARequest
 from pagoda.runtime.model_loader.loader import load_model
 from pagoda.runtime.sample.metadata import SamplingMetadata
-from pagoda.runtime.sample.sampler import Sampler, logprobs_to_lists
+from pagoda.runtime.sample.sampler import LogprobsTensors, Sampler, logprobs_to_lists
 from pagoda.runtime.sampling_params import InvalidRequestError
 from pagoda.runtime.spec_decode.proposer import SpecStep
 from pagoda.runtime.spec_decode.spec_decoder import SpecDecoder
@@ -29,6 +34,42 @@ from pagoda.runtime.worker.input_batch import CachedRequestState, InputBatch
 logger = logging.getLogger(__name__)
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, step) pairs
+
+
+class InFlightStep(AsyncModelRunnerOutput):
+    """A step's sampled tokens on their way to the host (async scheduling).
+
+    `sampled` stays on the device, where the next step takes its input ids
+    from it; `host` is its copy, complete once `copied` (a CUDA event) is.
+    The runner resolves it (records the tokens in its batch and builds the
+    output) before the next step samples, or when the engine core asks first.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        req_ids: list[str],
+        sampled: torch.Tensor,
+        host: torch.Tensor,
+        copied: torch.cuda.Event | None,
+        logprobs: LogprobsTensors | None,
+        num_logprobs: list[int | None] | None,
+    ):
+        self.runner = runner
+        self.req_ids = req_ids
+        self.position = {req_id: i for i, req_id in enumerate(req_ids)}
+        self.sampled = sampled
+        self.host = host
+        self.copied = copied
+        self.logprobs = logprobs
+        self.num_logprobs = num_logprobs
+        self.output: ModelRunnerOutput | None = None
+
+    def get_output(self) -> ModelRunnerOutput:
+        if self.output is None:
+            self.runner.resolve_in_flight()
+        assert self.output is not None, "only the runner's latest step can be in flight"
+        return self.output
 
 
 class ModelRunner:
@@ -100,6 +141,17 @@ class ModelRunner:
         self.spec: SpecDecoder | None = None
         if config.speculative_config is not None:
             self.spec = SpecDecoder(config, device, self.backend, self.use_triton_kernels)
+        # Async scheduling: the step whose tokens have not reached the host.
+        self.async_scheduling = self.scheduler_config.async_scheduling
+        self._in_flight: InFlightStep | None = None
+        # Where sampled tokens land on the host (pinned: the copy is queued,
+        # not waited for). One buffer: a step's tokens are read before the
+        # next step samples.
+        self._sampled_host: torch.Tensor | None = None
+        if self.async_scheduling and device.type == "cuda":
+            self._sampled_host = torch.empty(
+                self.scheduler_config.max_num_seqs, dtype=torch.int64, pin_memory=True
+            )
 
     @property
     def num_kv_heads(self) -> int:
@@ -130,6 +182,8 @@ class ModelRunner:
             self.spec.proposer.load_model()
 
     def add_lora(self, lora_request: LoRARequest) -> None:
+        # Adapter slots may be rewritten: nothing may still be computing with them.
+        self.resolve_in_flight()
         if self.lora_manager is None:
             raise InvalidRequestError(
                 "this engine serves no LoRA adapters (start it with --enable-lora)",
@@ -139,6 +193,7 @@ class ModelRunner:
         self.lora_requests[lora_request.lora_int_id] = lora_request
 
     def remove_lora(self, lora_int_id: int) -> bool:
+        self.resolve_in_flight()
         self.lora_requests.pop(lora_int_id, None)
         return self.lora_manager is not None and self.lora_manager.remove_adapter(lora_int_id)
 
@@ -298,10 +353,20 @@ class ModelRunner:
         seq_lens = computed + num_sched
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = b.block_table[rows, :max_blocks]
+        known = b.num_tokens[rows]
+        in_flight = self._in_flight
+        if in_flight is not None:
+            # Async scheduling: a request the step in flight samples for is
+            # scheduled one token past what this batch knows; that token's
+            # input id is taken from the device below.
+            src = np.fromiter(
+                (in_flight.position.get(r, -1) for r in req_ids), dtype=np.int64, count=len(rows)
+            )
+            known = known + (src >= 0)
         # Requests that reach the end of their known tokens sample one.
         spec = so.scheduled_spec_decode_tokens
         if not spec:
-            samples = seq_lens == b.num_tokens[rows]
+            samples = seq_lens == known
             logits_indices = cu[1:][samples] - 1
         else:
             # ... or, with drafts, one per draft and one after them.
@@ -315,15 +380,22 @@ class ModelRunner:
             num_reqs=len(rows),
             max_query_len=int(num_sched.max()),
             max_seq_len=int(seq_lens.max()),
-            query_start_loc=qsl_cpu.to(dev, non_blocking=True),
-            seq_lens=seq_cpu.to(dev, non_blocking=True),
-            block_table=torch.from_numpy(block_table).to(dev, non_blocking=True),
-            slot_mapping=torch.from_numpy(slots).to(dev, non_blocking=True),
+            query_start_loc=host_to_device(qsl_cpu.numpy(), dev),
+            seq_lens=host_to_device(seq_cpu.numpy(), dev),
+            block_table=host_to_device(block_table, dev),
+            slot_mapping=host_to_device(slots, dev),
             query_start_loc_cpu=qsl_cpu,
             seq_lens_cpu=seq_cpu,
         )
-        ids = torch.from_numpy(input_ids.astype(np.int64)).to(dev, non_blocking=True)
-        pos = torch.from_numpy(positions).to(dev, non_blocking=True)
+        ids = host_to_device(input_ids, dev, torch.int64)
+        pos = host_to_device(positions, dev)
+        if in_flight is not None:
+            unseen = np.flatnonzero(positions >= b.num_tokens[token_rows])
+            if unseen.size:
+                take = src[req_of_token[unseen]]
+                assert (take >= 0).all(), "a scheduled token past the known ones, not in flight"
+                where = host_to_device(np.stack([unseen, take]), dev)
+                ids.index_copy_(0, where[0], in_flight.sampled.index_select(0, where[1]))
         if self.lora_manager is not None:
             self._set_lora_mapping(rows, num_sched)
         sample_rows = rows[samples]
@@ -331,7 +403,7 @@ class ModelRunner:
         if self.spec is not None:
             # What the proposer needs of this step once tokens are sampled.
             self._spec_step = SpecStep(b, req_ids, rows, computed, num_sched, samples, None)
-        return ids, pos, meta, torch.from_numpy(logits_indices).to(dev), sample_rows, sample_req_ids
+        return ids, pos, meta, host_to_device(logits_indices, dev), sample_rows, sample_req_ids
 
     def _write_drafts(self, so: SchedulerOutput, req_ids: list[str], rows: np.ndarray):
         """Put each request's drafts after its known tokens, where they are
@@ -371,7 +443,7 @@ class ModelRunner:
         slot_of = self.lora_manager.prepare([self.lora_requests[int(i)] for i in unique if i != 0])
         unique_slots = np.array([slot_of.get(int(i), -1) for i in unique], dtype=np.int64)
         token_slots = np.repeat(unique_slots[inverse], num_scheduled)
-        self.lora_manager.set_token_slots(torch.from_numpy(token_slots).to(self.device))
+        self.lora_manager.set_token_slots(host_to_device(token_slots, self.device))
 
     def _sampling_metadata(self, sample_rows: np.ndarray) -> SamplingMetadata:
         states = [self.batch.states[r] for r in sample_rows.tolist()]
@@ -409,10 +481,58 @@ class ModelRunner:
         if rows:
             self.batch.append_sampled(np.asarray(rows, dtype=np.int64), tokens)
 
+    def resolve_in_flight(self) -> None:
+        """Wait for the step in flight's tokens, record them in the batch and
+        build its output (no-op when none is in flight). Tokens of requests
+        that left the batch since (finished, aborted, preempted) are dropped
+        here; the scheduler drops them too."""
+        step, self._in_flight = self._in_flight, None
+        if step is None:
+            return
+        if step.copied is not None:
+            step.copied.synchronize()
+        tokens = step.host.tolist()
+        sampled = {r: [t] for r, t in zip(step.req_ids, tokens)}
+        self.record_sampled_tokens(sampled)
+        step.output = ModelRunnerOutput(
+            sampled_token_ids=sampled,
+            logprobs=self._logprob_lists(step.req_ids, step.logprobs, step.num_logprobs),
+        )
+
+    @staticmethod
+    def _logprob_lists(
+        req_ids: list[str], tensors: LogprobsTensors | None, wanted: list[int | None] | None
+    ) -> dict:
+        if tensors is None:
+            return {}
+        return {
+            req_id: [lp]
+            for req_id, lp in zip(req_ids, logprobs_to_lists(tensors, wanted))
+            if lp is not None
+        }
+
+    def _launch_async_output(
+        self, sampled: torch.Tensor, logprobs, wanted, sample_req_ids: list[str]
+    ) -> InFlightStep:
+        host, copied = sampled, None
+        if self._sampled_host is not None:
+            host = self._sampled_host[: sampled.shape[0]]
+            host.copy_(sampled, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        self._in_flight = InFlightStep(
+            self, sample_req_ids, sampled, host, copied, logprobs, wanted
+        )
+        return self._in_flight
+
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(
+        self, so: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         """Run one step; the sampled tokens, or None on a rank that does not
-        sample (every rank takes part in the forward and the logits gather)."""
+        sample (every rank takes part in the forward and the logits gather).
+        With async scheduling the tokens come as an `InFlightStep`: the step is
+        launched, not waited for."""
         self._update_batch(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(sampled_token_ids={})
@@ -431,19 +551,24 @@ class ModelRunner:
         logits = logits.float()
         if self.spec is not None:
             return self._verify_and_propose(so, logits, sample_rows, sample_req_ids)
+        # Sampling reads each request's output so far (penalties, min_tokens,
+        # seeds): the step in flight's tokens land first, while the forward
+        # just launched runs.
+        self.resolve_in_flight()
         sampling = self._sampling_metadata(sample_rows)
         out = self.sampler(logits, sampling)
-        tokens = out.sampled_token_ids.tolist()
-        self.batch.append_sampled(sample_rows, tokens)
-        logprobs = {}
+        wanted = None
         if out.logprobs is not None:
             wanted = [self.batch.states[r].sampling_params.logprobs for r in sample_rows.tolist()]
-            for req_id, lp in zip(sample_req_ids, logprobs_to_lists(out.logprobs, wanted)):
-                if lp is not None:
-                    logprobs[req_id] = [lp]
+        if self.async_scheduling:
+            return self._launch_async_output(
+                out.sampled_token_ids, out.logprobs, wanted, sample_req_ids
+            )
+        tokens = out.sampled_token_ids.tolist()
+        self.batch.append_sampled(sample_rows, tokens)
         return ModelRunnerOutput(
             sampled_token_ids={r: [t] for r, t in zip(sample_req_ids, tokens)},
-            logprobs=logprobs,
+            logprobs=self._logprob_lists(sample_req_ids, out.logprobs, wanted),
         )
 
     def _verify_and_propose(

@@ -89,10 +89,15 @@ class FakeRunner:
         return ModelRunnerOutput(sampled_token_ids=sampled)
 
 
-def make_scheduler(num_blocks=64, max_num_seqs=16, budget=64, max_model_len=128, caching=True):
+def make_scheduler(
+    num_blocks=64, max_num_seqs=16, budget=64, max_model_len=128, caching=True, overlap=False
+):
     return Scheduler(
         SchedulerConfig(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            async_scheduling=overlap,
         ),
         CacheConfig(block_size=BS, enable_prefix_caching=caching),
         num_blocks,
@@ -116,7 +121,8 @@ def check_step(sched, out):
     assert all(n > 0 for n in out.num_scheduled_tokens.values())
     for req_id in out.num_scheduled_tokens:
         request = sched.requests[req_id]
-        assert request.num_computed_tokens <= request.num_tokens
+        assert request.num_computed_tokens <= request.num_tokens + request.num_output_placeholders
+        assert request.num_output_placeholders <= (2 if sched.async_scheduling else 0)
 
 
 @dataclass
@@ -132,12 +138,16 @@ def step(sched, runner, run):
     check_step(sched, out)
     run.steps.append(out)
     result = sched.update_from_output(out, runner.execute(out))
+    record(run, result)
+    return out, result
+
+
+def record(run, result):
     for o in result.outputs:
         run.outputs[o.request_id] += o.new_token_ids
         if o.finished:
             run.finish[o.request_id] = o.finish_reason
             run.stop_reason[o.request_id] = o.stop_reason
-    return out, result
 
 
 def run_all(sched, runner=None, max_steps=5000, before_step=None):
@@ -149,6 +159,30 @@ def run_all(sched, runner=None, max_steps=5000, before_step=None):
         if not sched.has_unfinished_requests():
             return run
         step(sched, runner, run)
+    raise AssertionError("requests did not finish")
+
+
+def run_all_overlapped(sched, runner=None, max_steps=5000, before_step=None):
+    """EngineCore's async loop: step N+1 is scheduled and run before step N's
+    tokens reach the scheduler. The fake runner knows the tokens it sampled,
+    as the real one reads them from the device."""
+    assert sched.async_scheduling
+    runner = runner or FakeRunner(sched.kv_cache_manager.num_blocks)
+    run = Run()
+    in_flight = None
+    for i in range(max_steps):
+        if before_step:
+            before_step(i)
+        if not sched.has_unfinished_requests() and in_flight is None:
+            return run
+        previous, in_flight = in_flight, None
+        if sched.has_unfinished_requests():
+            out = sched.schedule()
+            check_step(sched, out)
+            run.steps.append(out)
+            in_flight = (out, runner.execute(out))
+        if previous is not None:
+            record(run, sched.update_from_output(*previous))
     raise AssertionError("requests did not finish")
 
 
@@ -706,3 +740,109 @@ def test_stats_count_requests_per_adapter_only_with_lora_on():
     plain.add_request(make_request("a", range(4)))
     plain.schedule()
     assert plain.make_stats().running_loras == {} == plain.make_stats().waiting_loras
+
+
+# -- async scheduling --------------------------------------------------------
+
+
+def expected_until_stop(prompt, max_tokens, eos):
+    tokens = []
+    for token in expected_output(prompt, max_tokens):
+        tokens.append(token)
+        if token == eos:
+            break
+    return tokens
+
+
+def test_overlapped_decodes_follow_their_prefill_without_waiting_for_its_token():
+    sched = make_scheduler(overlap=True)
+    sched.add_request(make_request("a", range(6), max_tokens=4))
+    runner = FakeRunner(64)
+    first = sched.schedule()
+    runner.execute(first)
+    # The prefill's token is not back, yet the next step computes it.
+    second = sched.schedule()
+    assert second.num_scheduled_tokens == {"a": 1}
+    assert second.scheduled_cached_reqs.num_computed_tokens == [6]
+    assert sched.requests["a"].num_output_placeholders == 2
+
+
+def test_overlapped_runs_no_step_past_max_tokens():
+    sched = make_scheduler(overlap=True)
+    sched.add_request(make_request("a", range(6), max_tokens=3))
+    run = run_all_overlapped(sched)
+    assert run.outputs["a"] == expected_output(range(6), 3)
+    assert run.finish["a"] == FinishReason.LENGTH
+    # A prefill, then one decode per further token: none is wasted (the last
+    # step is empty: it only carries the finished id to the runner).
+    assert [s.num_scheduled_tokens for s in run.steps] == [{"a": 6}, {"a": 1}, {"a": 1}, {}]
+    assert_no_leak(sched)
+
+
+def test_overlapped_max_model_len_caps_scheduling_too():
+    sched = make_scheduler(max_model_len=16, overlap=True)
+    sched.add_request(make_request("a", range(13), max_tokens=None, max_model_len=16))
+    run = run_all_overlapped(sched)
+    assert run.outputs["a"] == expected_output(range(13), 3)
+    assert len([s for s in run.steps if not s.is_empty]) == 3
+    assert_no_leak(sched)
+
+
+def test_overlapped_stop_on_eos_drops_the_token_already_in_flight():
+    prompt = list(range(6))
+    eos = expected_output(prompt, 3)[1]
+    sched = make_scheduler(overlap=True)
+    sched.add_request(make_request("a", prompt, max_tokens=10, eos=eos))
+    run = run_all_overlapped(sched)
+    assert run.outputs["a"] == expected_output(prompt, 2)
+    assert run.finish["a"] == FinishReason.STOP
+    # The step after the EOS was scheduled before the EOS was seen; its token
+    # went nowhere.
+    assert len([s for s in run.steps if not s.is_empty]) == 3
+    assert_no_leak(sched)
+
+
+def test_overlapped_abort_with_a_step_in_flight_drops_its_token():
+    sched = make_scheduler(overlap=True)
+    sched.add_request(make_request("a", range(6), max_tokens=10))
+    runner = FakeRunner(64)
+    out = sched.schedule()
+    result = runner.execute(out)
+    sched.abort_requests(["a"])
+    assert sched.update_from_output(out, result).outputs == []
+    assert "a" in sched.schedule().finished_req_ids
+    assert_no_leak(sched)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_overlapped_random_workload_gives_the_sync_outputs_and_leaks_nothing(seed):
+    """Preemptions (a tiny pool), chunked prefills, shared prefixes, EOS and
+    stop tokens, aborts: the overlapped loop gives every request the output
+    a synchronous loop would, and frees everything."""
+    rng = random.Random(seed)
+    sched = make_scheduler(num_blocks=12, max_num_seqs=6, budget=12, max_model_len=40, overlap=True)
+    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, 12))] for _ in range(4)]
+    specs = {}
+    for i in range(80):
+        prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 14))]
+        max_tokens = rng.randint(1, 40 - len(prompt))
+        # Some requests stop on a token they will produce.
+        eos = rng.choice(expected_output(prompt, max_tokens)) if rng.random() < 0.3 else None
+        specs[f"r{i}"] = (prompt, max_tokens, eos)
+        sched.add_request(
+            make_request(f"r{i}", prompt, max_tokens=max_tokens, eos=eos, max_model_len=40)
+        )
+    aborted = set()
+
+    def maybe_abort(_):
+        if rng.random() < 0.05 and sched.requests:
+            victim = rng.choice(sorted(sched.requests))
+            aborted.add(victim)
+            sched.abort_requests([victim])
+
+    run = run_all_overlapped(sched, before_step=maybe_abort)
+    assert sched.num_preemptions > 0 and aborted
+    assert set(run.finish) == set(specs) - aborted
+    for req_id in run.finish:
+        assert run.outputs[req_id] == expected_until_stop(*specs[req_id]), req_id
+    assert_no_leak(sched)

@@ -8,9 +8,17 @@ from pagoda.runtime.sampling_params import InvalidRequestError
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_memory_gib=0.25)
+@pytest.fixture(scope="module", params=["off", "on"], ids=["sync", "async"])
+def llm(request) -> LLM:
+    # Every test runs on both loops: async scheduling is off by default on the
+    # CPU, but the GPU runs it, and only here does it meet the whole API.
+    return LLM(
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=16,
+        kv_cache_memory_gib=0.25,
+        async_scheduling=request.param,
+    )
 
 
 def _idle(llm: LLM) -> None:
