@@ -591,16 +591,25 @@ def test_tokens_for_a_request_aborted_after_scheduling_are_dropped():
     assert sched.update_from_output(out, ModelRunnerOutput({"a": [1]})).outputs == []
 
 
-def test_random_workload_with_aborts_and_a_tiny_pool_leaks_nothing():
-    rng = random.Random(1)
-    sched = make_scheduler(num_blocks=12, max_num_seqs=6, budget=12, max_model_len=40)
+def random_workload_run(seed, overlap):
+    """80 requests on a tiny pool (preemptions), chunked prefills, shared
+    prefixes (hits), some stopping on EOS, 5% aborted at random: every
+    request that finishes has exactly its expected output, nothing leaks."""
+    rng = random.Random(seed)
+    sched = make_scheduler(
+        num_blocks=12, max_num_seqs=6, budget=12, max_model_len=40, overlap=overlap
+    )
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, 12))] for _ in range(4)]
     specs = {}
     for i in range(80):
         prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 14))]
         max_tokens = rng.randint(1, 40 - len(prompt))
-        specs[f"r{i}"] = (prompt, max_tokens)
-        sched.add_request(make_request(f"r{i}", prompt, max_tokens=max_tokens, max_model_len=40))
+        # Some requests stop on a token they will produce.
+        eos = rng.choice(expected_output(prompt, max_tokens)) if rng.random() < 0.3 else None
+        specs[f"r{i}"] = (prompt, max_tokens, eos)
+        sched.add_request(
+            make_request(f"r{i}", prompt, max_tokens=max_tokens, eos=eos, max_model_len=40)
+        )
     aborted = set()
 
     def maybe_abort(_):
@@ -609,13 +618,27 @@ def test_random_workload_with_aborts_and_a_tiny_pool_leaks_nothing():
             aborted.add(victim)
             sched.abort_requests([victim])
 
-    run = run_all(sched, before_step=maybe_abort)
+    loop = run_all_overlapped if overlap else run_all
+    run = loop(sched, before_step=maybe_abort)
     assert sched.num_preemptions > 0 and aborted
     assert sched.kv_cache_manager.prefix_cache_hits > 0
     assert set(run.finish) == set(specs) - aborted
     for req_id in run.finish:
-        assert run.outputs[req_id] == expected_output(*specs[req_id])
+        assert run.outputs[req_id] == expected_until_stop(*specs[req_id]), req_id
     assert_no_leak(sched)
+
+
+def expected_until_stop(prompt, max_tokens, eos):
+    tokens = []
+    for token in expected_output(prompt, max_tokens):
+        tokens.append(token)
+        if token == eos:
+            break
+    return tokens
+
+
+def test_random_workload_with_aborts_and_a_tiny_pool_leaks_nothing():
+    random_workload_run(1, overlap=False)
 
 
 # -- stats, config, bad input ---------------------------------------------
@@ -745,15 +768,6 @@ def test_stats_count_requests_per_adapter_only_with_lora_on():
 # -- async scheduling --------------------------------------------------------
 
 
-def expected_until_stop(prompt, max_tokens, eos):
-    tokens = []
-    for token in expected_output(prompt, max_tokens):
-        tokens.append(token)
-        if token == eos:
-            break
-    return tokens
-
-
 def test_overlapped_decodes_follow_their_prefill_without_waiting_for_its_token():
     sched = make_scheduler(overlap=True)
     sched.add_request(make_request("a", range(6), max_tokens=4))
@@ -816,33 +830,7 @@ def test_overlapped_abort_with_a_step_in_flight_drops_its_token():
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_overlapped_random_workload_gives_the_sync_outputs_and_leaks_nothing(seed):
-    """Preemptions (a tiny pool), chunked prefills, shared prefixes, EOS and
-    stop tokens, aborts: the overlapped loop gives every request the output
-    a synchronous loop would, and frees everything."""
-    rng = random.Random(seed)
-    sched = make_scheduler(num_blocks=12, max_num_seqs=6, budget=12, max_model_len=40, overlap=True)
-    prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, 12))] for _ in range(4)]
-    specs = {}
-    for i in range(80):
-        prompt = rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 14))]
-        max_tokens = rng.randint(1, 40 - len(prompt))
-        # Some requests stop on a token they will produce.
-        eos = rng.choice(expected_output(prompt, max_tokens)) if rng.random() < 0.3 else None
-        specs[f"r{i}"] = (prompt, max_tokens, eos)
-        sched.add_request(
-            make_request(f"r{i}", prompt, max_tokens=max_tokens, eos=eos, max_model_len=40)
-        )
-    aborted = set()
-
-    def maybe_abort(_):
-        if rng.random() < 0.05 and sched.requests:
-            victim = rng.choice(sorted(sched.requests))
-            aborted.add(victim)
-            sched.abort_requests([victim])
-
-    run = run_all_overlapped(sched, before_step=maybe_abort)
-    assert sched.num_preemptions > 0 and aborted
-    assert set(run.finish) == set(specs) - aborted
-    for req_id in run.finish:
-        assert run.outputs[req_id] == expected_until_stop(*specs[req_id]), req_id
-    assert_no_leak(sched)
+    """The overlapped loop through preemptions with a token in flight, stops
+    that land a step late and aborts: every request's output is the one the
+    synchronous loop gives."""
+    random_workload_run(seed, overlap=True)

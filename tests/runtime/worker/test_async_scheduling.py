@@ -12,6 +12,14 @@ from pagoda.runtime import LLM, SamplingParams
 from pagoda.runtime.config import resolve_async_scheduling
 from pagoda.runtime.sampling_params import InvalidRequestError
 
+# SmolLM2's shape cut to 2 layers and a 512-token vocabulary, random weights.
+TINY = dict(
+    model="smollm2-135m",
+    random_weights=True,
+    hf_overrides={"num_hidden_layers": 2, "vocab_size": 512},
+    max_model_len=256,
+    max_num_seqs=8,
+)
 PROMPTS = [[(3 + i + 5 * j) % 500 for j in range(4 + 11 * i)] for i in range(10)]
 
 DEVICES = [
@@ -53,17 +61,7 @@ def mixed_params() -> list[SamplingParams]:
 
 
 def run(device: str, mode: str, **options) -> tuple[list, list]:
-    llm = LLM(
-        device=device,
-        model="smollm2-135m",
-        random_weights=True,
-        dtype="float32",
-        hf_overrides={"num_hidden_layers": 2, "vocab_size": 512},
-        max_model_len=256,
-        max_num_seqs=8,
-        async_scheduling=mode,
-        **options,
-    )
+    llm = LLM(device=device, dtype="float32", async_scheduling=mode, **TINY, **options)
     core = llm.engine.engine_core
     assert core.async_scheduling == (mode == "on")
     outs = [o.outputs[0] for o in llm.generate(PROMPTS, mixed_params())]
@@ -124,3 +122,46 @@ def test_a_bad_async_scheduling_value_names_the_field():
     with pytest.raises(InvalidRequestError, match="async_scheduling must be one of") as err:
         LLM(async_scheduling="maybe")
     assert err.value.param == "async_scheduling"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_step_synchronises_the_host_with_the_device():
+    """Async scheduling only overlaps if launching a step never waits for the
+    device: any synchronising op in a step (a pageable copy, .item(), a
+    nonzero) would make the host wait for the step in flight. torch's sync
+    debug mode turns each into an error, here over chunked prefills mixed
+    with decodes (eager steps) and decode-only steps (graph replays)."""
+    llm = LLM(
+        device="cuda",
+        dtype="bfloat16",
+        **TINY,
+        max_num_batched_tokens=64,
+        async_scheduling="on",
+        attention_backend="triton",
+        gpu_memory_utilization=0.3,
+    )
+    runner = llm.engine.engine_core.executor.worker.runner
+    inner = runner.execute_model
+    resolve = runner.resolve_in_flight
+
+    def strict(so):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return inner(so)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    def waits_on_purpose():
+        # Reading the previous step's tokens is the one deliberate wait.
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            resolve()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+
+    runner.execute_model = strict
+    runner.resolve_in_flight = waits_on_purpose
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
