@@ -33,14 +33,19 @@ LONG = {"max_tokens": 900, "ignore_eos": True}
 pytestmark = [pytest.mark.model, pytest.mark.asyncio(loop_scope="module")]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def engine(smollm2_available):
+@pytest_asyncio.fixture(
+    scope="module", loop_scope="module", params=["off", "on"], ids=["sync", "async"]
+)
+async def engine(smollm2_available, request):
+    # Async scheduling (the CUDA default) keeps a step in flight in the core:
+    # every leak window here is checked with it too.
     args = EngineArgs(
         model=MODEL,
         dtype="float32",
         max_model_len=1024,
         kv_cache_memory_gib=0.25,
         max_num_seqs=1,
+        async_scheduling=request.param,
     )
     engine = await AsyncLLM.create(args, num_threads=1)
     yield engine
