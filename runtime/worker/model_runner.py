@@ -467,9 +467,11 @@ class ModelRunner:
         )
 
     def record_sampled_tokens(self, sampled_token_ids: dict[str, list[int]]) -> None:
-        """Append tokens another rank sampled (rank 0 samples for the group):
-        the other ranks learn them with the next step, before its changes,
-        which is where rank 0 appended them."""
+        """Append one token per request, looked up by id: tokens another rank
+        sampled (rank 0 samples for the group; the other ranks learn them with
+        the next step, before its changes, which is where rank 0 appended
+        them), and a step's tokens that arrive late (async scheduling).
+        Requests no longer in the batch are skipped."""
         rows, tokens = [], []
         index = self.batch.index
         for req_id, token_ids in sampled_token_ids.items():
