@@ -9,7 +9,11 @@ from dataclasses import dataclass
 
 import torch
 from pagoda.runtime.config import EngineConfig
-from pagoda.runtime.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from pagoda.runtime.core.sched_output import (
+    AsyncModelRunnerOutput,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from pagoda.runtime.distributed.parallel_state import (
     TensorParallelGroup,
     destroy_tensor_parallel,
@@ -89,7 +93,9 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+    def execute_model(
+        self, scheduler_output: SchedulerOutput
+    ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
         return self.runner.execute_model(scheduler_output)
 
     def add_lora(self, lora_request) -> None:
