@@ -28,6 +28,9 @@ from pagoda.runtime.sampling_params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
+# A launched step: its decision and the runner's (possibly pending) output.
+InFlight = tuple[SchedulerOutput, AsyncModelRunnerOutput | ModelRunnerOutput]
+
 
 @dataclass
 class MemoryReport:
@@ -70,8 +73,7 @@ class EngineCore:
         self.executor = Executor.create(config)
         self.async_scheduling = config.scheduler_config.async_scheduling
         # Async scheduling: the step launched last and not yet turned into outputs.
-        self._in_flight: tuple[SchedulerOutput, AsyncModelRunnerOutput | ModelRunnerOutput] | None
-        self._in_flight = None
+        self._in_flight: InFlight | None = None
         try:
             self._init_kv_cache(config)
         except BaseException:

@@ -373,19 +373,19 @@ class ModelRunner:
             samples, logits_indices = self._spec_logits_indices(num_spec, rows, seq_lens, cu)
 
         dev = self.device
-        qsl_cpu = torch.from_numpy(cu.astype(np.int32))
-        seq_cpu = torch.from_numpy(seq_lens.astype(np.int32))
+        qsl = cu.astype(np.int32)
+        lens = seq_lens.astype(np.int32)
         meta = AttentionMetadata(
             num_actual_tokens=total,
             num_reqs=len(rows),
             max_query_len=int(num_sched.max()),
             max_seq_len=int(seq_lens.max()),
-            query_start_loc=host_to_device(qsl_cpu.numpy(), dev),
-            seq_lens=host_to_device(seq_cpu.numpy(), dev),
+            query_start_loc=host_to_device(qsl, dev),
+            seq_lens=host_to_device(lens, dev),
             block_table=host_to_device(block_table, dev),
             slot_mapping=host_to_device(slots, dev),
-            query_start_loc_cpu=qsl_cpu,
-            seq_lens_cpu=seq_cpu,
+            query_start_loc_cpu=torch.from_numpy(qsl),
+            seq_lens_cpu=torch.from_numpy(lens),
         )
         ids = host_to_device(input_ids, dev, torch.int64)
         pos = host_to_device(positions, dev)
