@@ -134,12 +134,18 @@ def _offline_worker() -> int:
 
 
 def row(summary: dict) -> dict:
-    return {
+    out = {
         "output_throughput": summary["output_throughput"],
         "ttft_mean_ms": summary["ttft_s"]["mean"] * 1e3,
         "tpot_mean_ms": summary["tpot_s"]["mean"] * 1e3,
         "duration_s": summary["duration_s"],
     }
+    # Pagoda's own split of TTFT (llama-server exposes none): the time its
+    # requests waited for a step, and the time their prefill took.
+    for key in ("queue", "prefill"):
+        if f"{key}_mean" in summary.get("server_s", {}):
+            out[f"server_{key}_mean_ms"] = summary["server_s"][f"{key}_mean"] * 1e3
+    return out
 
 
 def main() -> int:
@@ -278,7 +284,7 @@ def summarize(results: list[dict]) -> list[dict]:
         med = {
             k: statistics.median(r[k] for r in runs)
             for k in runs[0]
-            if k not in ("round", "dtype", "concurrency", "system")
+            if k not in ("round", "dtype", "concurrency", "system") and all(k in r for r in runs)
         }
         out.append(
             {"dtype": dtype, "concurrency": conc, "system": system, "rounds": len(runs), **med}
@@ -287,12 +293,21 @@ def summarize(results: list[dict]) -> list[dict]:
 
 
 def print_summary(summary: list[dict]) -> None:
-    print("\n| dtype | concurrency | system | output tok/s | mean TTFT ms | mean TPOT ms |")
-    print("|---|---:|---|---:|---:|---:|")
+    print(
+        "\n| dtype | concurrency | system | output tok/s | mean TTFT ms | mean TPOT ms "
+        "| server queue + prefill ms |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|")
     for s in summary:
+        split = (
+            f"{s['server_queue_mean_ms']:.0f} + {s['server_prefill_mean_ms']:.0f}"
+            if "server_prefill_mean_ms" in s
+            else ""
+        )
         print(
             f"| {s['dtype']} | {s['concurrency']} | {s['system']} | {s['output_throughput']:.1f} "
-            f"| {s.get('ttft_mean_ms', float('nan')):.0f} | {s.get('tpot_mean_ms', float('nan')):.1f} |"
+            f"| {s.get('ttft_mean_ms', float('nan')):.0f} | {s.get('tpot_mean_ms', float('nan')):.1f} "
+            f"| {split} |"
         )
     by = {(s["dtype"], s["concurrency"], s["system"]): s for s in summary}
     for (dtype, conc, system), s in by.items():

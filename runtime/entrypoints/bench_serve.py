@@ -14,7 +14,8 @@ Every request streams with `ignore_eos`, so each produces exactly
 --output-len tokens. Requests go out at a fixed concurrency, or as a Poisson
 process at --request-rate (optionally capped by --max-concurrency). Reports
 request and token throughput and the TTFT / TPOT / ITL / E2E percentiles, as
-a table and as JSON.
+a table and as JSON; where the server exposes vLLM's request histograms on
+/metrics, also its own mean queue, prefill and decode time per request.
 """
 
 from __future__ import annotations
@@ -157,6 +158,60 @@ async def _one_request(
     return result
 
 
+# The server's own split of a request's time, where it exposes vLLM's
+# histograms (Pagoda and vLLM do; llama-server does not): TTFT = queue +
+# prefill on the server's clock, and the client's TTFT less those two is the
+# HTTP and API path. Read as the change of each histogram's sum and count
+# over the run, so only this run's requests count (another client's would).
+SERVER_HISTOGRAMS = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+}
+
+
+def parse_histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """{key: (sum, count)} of SERVER_HISTOGRAMS in a Prometheus exposition,
+    summed over label sets (several models)."""
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for key, name in SERVER_HISTOGRAMS.items():
+            for part, index in (("_sum", 0), ("_count", 1)):
+                prefix = name + part
+                if line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in ("{", " "):
+                    try:
+                        value = float(line.rsplit(" ", 1)[-1])
+                    except ValueError:
+                        continue
+                    totals.setdefault(key, [0.0, 0.0])[index] += value
+    return {key: (v[0], v[1]) for key, v in totals.items()}
+
+
+async def _server_histograms(
+    client: aiohttp.ClientSession, root: str, headers: dict
+) -> dict[str, tuple[float, float]]:
+    """The server's histogram totals, or {} where it has no /metrics."""
+    try:
+        async with client.get(f"{root}/metrics", headers=headers) as resp:
+            if resp.status != 200:
+                return {}
+            return parse_histogram_totals(await resp.text())
+    except (aiohttp.ClientError, UnicodeDecodeError):
+        return {}
+
+
+def server_split(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Mean seconds per request of each histogram over a run: {"queue_mean": ...}."""
+    out = {}
+    for key, (total, count) in after.items():
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            out[f"{key}_mean"] = (total - total0) / (count - count0)
+    return out
+
+
 def _percentiles(values: list[float], ps: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": math.nan, "median": math.nan, **{f"p{p:g}": math.nan for p in ps}}
@@ -228,6 +283,7 @@ async def run_benchmark(
             async with sem:
                 return await _one_request(client, f"{root}/v1/completions", model, req, headers)
 
+        metrics_before = await _server_histograms(client, root, headers)
         start = time.perf_counter()
         tasks = []
         for req in requests:
@@ -237,7 +293,10 @@ async def run_benchmark(
                 await asyncio.sleep(rng.expovariate(request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
+        split = server_split(metrics_before, await _server_histograms(client, root, headers))
     summary = summarize(list(results), duration, list(percentiles))
+    if split:
+        summary["server_s"] = split
     summary.update(
         model=model,
         num_prompts=len(requests),
@@ -262,6 +321,9 @@ def format_table(summary: dict) -> str:
     for key, title in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
         for stat, value in summary[key].items():
             lines.append(f"{f'{stat.capitalize()} {title} (ms)':<34}{value * 1000:>12.2f}")
+    for key, value in summary.get("server_s", {}).items():
+        title = f"Server mean {key.removesuffix('_mean')} time (ms)"
+        lines.append(f"{title:<34}{value * 1000:>12.2f}")
     return "\n".join(lines)
 
 

@@ -163,6 +163,19 @@ class ServingMetrics:
             "Time from first scheduled to finished (prefill and decode, no queue).",
             _E2E_BUCKETS,
         )
+        # A finished request's time in the batch, split where its first token
+        # came (vLLM's two series): TTFT = queue + prefill, so a slow first
+        # token reads as waiting or as computing without a client-side trace.
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Time from first scheduled to the first token.",
+            _E2E_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Time from the first token to the last.",
+            _E2E_BUCKETS,
+        )
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens", "Prompt tokens per request.", token_buckets
@@ -275,6 +288,11 @@ class ServingMetrics:
         self.e2e.observe(e2e)
         if req.scheduled_time is not None:
             self.inference_time.observe(max(0.0, now - req.scheduled_time))
+            if req.first_token_time is not None:
+                self.prefill_time.observe(max(0.0, req.first_token_time - req.scheduled_time))
+        if req.first_token_time is not None and req.last_token_time:
+            last = max(req.last_token_time.values())
+            self.decode_time.observe(max(0.0, last - req.first_token_time))
         self._success.labels(self._model_name, finish_reason or "stop").inc()
         self.request_prompt_tokens.observe(req.num_prompt_tokens)
         self.request_generation_tokens.observe(req.num_generation_tokens)

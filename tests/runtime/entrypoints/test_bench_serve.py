@@ -13,6 +13,8 @@ from aiohttp import web
 from kubesim.http import serve_app
 from pagoda.runtime.entrypoints.bench_serve import (
     BenchRequest,
+    format_table,
+    parse_histogram_totals,
     random_dataset,
     run_benchmark,
     shared_prefix_dataset,
@@ -58,11 +60,15 @@ def _token(text: str, finish: str | None = None) -> dict:
 
 
 @contextlib.asynccontextmanager
-async def scripted_server(aiohttp_events, path_prefix: str = ""):
+async def scripted_server(aiohttp_events, path_prefix: str = "", metrics=None):
     """A server whose /v1/completions streams `aiohttp_events(body)`: a list
-    of byte strings (each written as one HTTP chunk) or an int status.
+    of byte strings (each written as one HTTP chunk) or an int status, and
+    with `metrics`, a /metrics answering `metrics(requests seen)`.
     Yields its base URL and the request bodies it has seen."""
     seen: list[dict] = []
+
+    async def metrics_page(request):
+        return web.Response(text=metrics(len(seen)))
 
     async def models(request):
         return web.json_response({"data": [{"id": "scripted"}]})
@@ -83,6 +89,8 @@ async def scripted_server(aiohttp_events, path_prefix: str = ""):
     app = web.Application()
     app.router.add_get(f"{path_prefix}/v1/models", models)
     app.router.add_post(f"{path_prefix}/v1/completions", completions)
+    if metrics is not None:
+        app.router.add_get(f"{path_prefix}/metrics", metrics_page)
     async with serve_app(app) as base_url:
         yield f"{base_url}{path_prefix}", seen
 
@@ -114,6 +122,56 @@ async def test_client_counts_tokens_and_times_them(path_prefix):
     # Four gaps of at least the server's 2 ms sleep between five tokens.
     assert summary["itl_s"]["median"] >= 0.0015
     assert summary["tpot_s"]["mean"] >= 0.0015
+
+
+def _histograms(served: int) -> str:
+    """vLLM's exposition after `served` requests of 10 ms queue, 20 ms
+    prefill and 300 ms decode each, split over two models, with 5 requests
+    from before the run (100 ms each)."""
+    lines = ["# TYPE vllm:request_queue_time_seconds histogram"]
+    for name, each in (("queue", 0.01), ("prefill", 0.02), ("decode", 0.3)):
+        series = f"vllm:request_{name}_time_seconds"
+        for model, n in (("a", served // 2), ("b", served - served // 2)):
+            label = f'{{model_name="{model}"}}'
+            extra = 5 if model == "a" else 0
+            lines += [
+                f'{series}_bucket{{le="+Inf",model_name="{model}"}} {n + extra}',
+                f"{series}_sum{label} {n * each + extra * 0.1}",
+                f"{series}_count{label} {n + extra}",
+            ]
+    lines.append("vllm:request_queue_time_seconds_summary_like_sum 99")  # another name
+    return "\n".join(lines) + "\n"
+
+
+async def test_client_reads_the_servers_split_of_its_requests_time():
+    def script(body):
+        return [_event(_token("a")), _event(_token("b", "length")), b"data: [DONE]\n\n"]
+
+    async with scripted_server(script, metrics=_histograms) as (url, _):
+        summary = await run_benchmark(url, _requests(4, 2), model="m")
+    split = summary["server_s"]
+    # Only this run's 4 requests, both models summed; not the 5 from before.
+    assert split["queue_mean"] == pytest.approx(0.01)
+    assert split["prefill_mean"] == pytest.approx(0.02)
+    assert split["decode_mean"] == pytest.approx(0.3)
+    assert "Server mean prefill time (ms)" in format_table(summary)
+
+
+async def test_a_server_without_metrics_gives_no_split():
+    def script(body):
+        return [_event(_token("a", "length")), b"data: [DONE]\n\n"]
+
+    async with scripted_server(script) as (url, _):
+        summary = await run_benchmark(url, _requests(2, 1), model="m")
+    assert "server_s" not in summary
+    assert "Server mean" not in format_table(summary)
+
+
+def test_histogram_totals_skip_values_that_are_not_numbers():
+    text = 'vllm:request_queue_time_seconds_sum{model_name="a"} 1.5\n'
+    text += 'vllm:request_queue_time_seconds_count{model_name="a"} NaNx\n'
+    text += "vllm:request_queue_time_seconds_count 3\n"
+    assert parse_histogram_totals(text) == {"queue": (1.5, 3.0)}
 
 
 async def test_client_skips_llama_servers_closing_chunk_and_counts_without_usage():

@@ -277,6 +277,8 @@ def test_metrics_have_vllm_names_labelled_by_model(server):
         "vllm:e2e_request_latency_seconds_bucket",
         "vllm:request_queue_time_seconds_bucket",
         "vllm:request_inference_time_seconds_bucket",
+        "vllm:request_prefill_time_seconds_bucket",
+        "vllm:request_decode_time_seconds_bucket",
         "pagoda:requests_received_total",
         "vllm:request_prompt_tokens_bucket",
         "vllm:request_generation_tokens_bucket",

@@ -47,3 +47,47 @@ def test_a_request_never_scheduled_has_no_inference_time():
     text = generate_latest(registry).decode()
     assert _value(text, 'pagoda:requests_received_total{model_name="m"}') == 1
     assert _value(text, 'vllm:request_inference_time_seconds_count{model_name="m"}') == 0
+
+
+def test_prefill_and_decode_time_split_the_time_in_the_batch_at_the_first_token():
+    registry = CollectorRegistry()
+    metrics = ServingMetrics("m", 256, registry)
+    now = time.monotonic()
+    metrics.on_request_added("a", ["a"], 5, now - 10)
+    scheduled = EngineCoreEvent(EngineCoreEventType.SCHEDULED, now - 6)
+    # Admitted 6 s ago; its first token 5 s ago (1 s of prefill), two more
+    # tokens, the last 2 s ago (3 s of decode).
+    for timestamp, events in ((now - 5, [scheduled]), (now - 3, []), (now - 2, [])):
+        metrics.on_step(
+            EngineCoreOutputs([EngineCoreOutput("a", [7], events=events)], timestamp=timestamp),
+            ProcessedOutputs([], []),
+        )
+    done = RequestOutput(
+        "a", None, [], [CompletionOutput(0, "", [7] * 3, finish_reason="length")], True
+    )
+    metrics.on_step(EngineCoreOutputs(), ProcessedOutputs([done], []))
+
+    text = generate_latest(registry).decode()
+    label = '{model_name="m"}'
+    assert _value(text, f"vllm:request_prefill_time_seconds_count{label}") == 1
+    assert abs(_value(text, f"vllm:request_prefill_time_seconds_sum{label}") - 1) < 1e-6
+    assert abs(_value(text, f"vllm:request_decode_time_seconds_sum{label}") - 3) < 1e-6
+    # TTFT = queue (4 s) + prefill (1 s).
+    assert abs(_value(text, f"vllm:request_queue_time_seconds_sum{label}") - 4) < 1e-6
+    assert abs(_value(text, f"vllm:time_to_first_token_seconds_sum{label}") - 5) < 1e-6
+
+
+def test_a_request_aborted_before_its_first_token_has_no_prefill_time():
+    registry = CollectorRegistry()
+    metrics = ServingMetrics("m", 256, registry)
+    now = time.monotonic()
+    metrics.on_request_added("a", ["a"], 5, now - 2)
+    scheduled = EngineCoreEvent(EngineCoreEventType.SCHEDULED, now - 1)
+    metrics.on_step(
+        EngineCoreOutputs([EngineCoreOutput("a", [], events=[scheduled])]),
+        ProcessedOutputs([], []),
+    )
+    metrics.on_request_aborted("a")
+    text = generate_latest(registry).decode()
+    for series in ("prefill", "decode"):
+        assert _value(text, f'vllm:request_{series}_time_seconds_count{{model_name="m"}}') == 0
