@@ -114,9 +114,13 @@ serve)
         step "$name" 45 $PAGODA bench serve --base-url http://localhost:8011 \
             --num-prompts $((c == 1 ? 8 : c * 3)) --input-len 512 --output-len 128 \
             --max-concurrency $c --seed "$r" --result-file "$LOGS/$name.json"
-        echo "$name"; grep -E "Failed|Output token|(Mean|Median|P90) TTFT|Median TPOT" "$LOGS/$name.log"
+        echo "$name"; grep -E "Failed|Output token|(Mean|Median|P90) TTFT|Median TPOT|Server mean (queue|prefill)" "$LOGS/$name.log"
     done; done
     kill $server; wait $server 2>/dev/null
+    # The worker warns when the CUDA allocator freed its cache mid-serving
+    # (each retry synchronises the device): the C=64 TTFT question.
+    echo "allocator retries warned: $(grep -c 'caching allocator freed' "$LOGS/server_$mode.log")"
+    grep 'caching allocator freed' "$LOGS/server_$mode.log" | tail -2
     done ;;
 gemm)
     step gemm 100 python3 benchmarks/gpu/bench_skinny_gemm.py --rows 1 16

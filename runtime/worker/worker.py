@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,49 @@ class WorkerMemory:
     kv_bytes_per_block: int
 
 
+class AllocatorRetryWatch:
+    """Warns when the CUDA caching allocator had to free its cached blocks
+    and retry an allocation (`num_alloc_retries` grew). Each retry frees
+    memory with cudaFree, which waits for the device: a step that hits it
+    stalls the overlap of host and device. It means the KV cache, sized to
+    `gpu_memory_utilization`, leaves too little room for a step's
+    activations as the allocator has fragmented them.
+
+    The stats are read at most every `interval_s` (the read builds a dict
+    of every counter), so the per-step cost is one clock read."""
+
+    def __init__(
+        self,
+        read_retries: Callable[[], int],
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.read_retries = read_retries
+        self.interval_s = interval_s
+        self.clock = clock
+        self.seen = read_retries()
+        self.next_check = clock() + interval_s
+
+    def check(self) -> int:
+        """The retries since the last check (0 between checks); warns when
+        there were any."""
+        now = self.clock()
+        if now < self.next_check:
+            return 0
+        self.next_check = now + self.interval_s
+        retries = self.read_retries()
+        new, self.seen = retries - self.seen, retries
+        if new > 0:
+            logger.warning(
+                "the CUDA caching allocator freed its cache and retried %d allocation(s) "
+                "(%d in all): each synchronises the device. Lower --gpu-memory-utilization "
+                "or --max-num-batched-tokens to leave the steps more room.",
+                new,
+                retries,
+            )
+        return new
+
+
 class Worker:
     """Owns one rank. The executor calls, in order: `init_device`,
     `load_model`, `determine_num_blocks`, `initialize_kv_cache`, then
@@ -44,6 +89,7 @@ class Worker:
         self.device = config.model_config.device
         self.tp = TensorParallelGroup.single()
         self.runner: ModelRunner | None = None
+        self.allocator_watch: AllocatorRetryWatch | None = None
 
     def init_device(self) -> None:
         parallel = self.config.parallel_config
@@ -92,10 +138,17 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
+        if self.device.type == "cuda":
+            device = self.device
+            self.allocator_watch = AllocatorRetryWatch(
+                lambda: torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+            )
 
     def execute_model(
         self, scheduler_output: SchedulerOutput
     ) -> ModelRunnerOutput | AsyncModelRunnerOutput | None:
+        if self.allocator_watch is not None:
+            self.allocator_watch.check()
         return self.runner.execute_model(scheduler_output)
 
     def add_lora(self, lora_request) -> None:
