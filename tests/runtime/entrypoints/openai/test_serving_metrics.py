@@ -49,12 +49,23 @@ def test_a_request_never_scheduled_has_no_inference_time():
     assert _value(text, 'vllm:request_inference_time_seconds_count{model_name="m"}') == 0
 
 
-def test_prefill_and_decode_time_split_the_time_in_the_batch_at_the_first_token():
+def _admitted(arrived_ago: float, scheduled_ago: float):
+    """Metrics that saw request "a" arrive and be first scheduled so many
+    seconds ago: (registry, metrics, now, the SCHEDULED event to report)."""
     registry = CollectorRegistry()
     metrics = ServingMetrics("m", 256, registry)
     now = time.monotonic()
-    metrics.on_request_added("a", ["a"], 5, now - 10)
-    scheduled = EngineCoreEvent(EngineCoreEventType.SCHEDULED, now - 6)
+    metrics.on_request_added("a", ["a"], 5, now - arrived_ago)
+    return (
+        registry,
+        metrics,
+        now,
+        EngineCoreEvent(EngineCoreEventType.SCHEDULED, now - scheduled_ago),
+    )
+
+
+def test_prefill_and_decode_time_split_the_time_in_the_batch_at_the_first_token():
+    registry, metrics, now, scheduled = _admitted(10, 6)
     # Admitted 6 s ago; its first token 5 s ago (1 s of prefill), two more
     # tokens, the last 2 s ago (3 s of decode).
     for timestamp, events in ((now - 5, [scheduled]), (now - 3, []), (now - 2, [])):
@@ -78,11 +89,7 @@ def test_prefill_and_decode_time_split_the_time_in_the_batch_at_the_first_token(
 
 
 def test_a_request_aborted_before_its_first_token_has_no_prefill_time():
-    registry = CollectorRegistry()
-    metrics = ServingMetrics("m", 256, registry)
-    now = time.monotonic()
-    metrics.on_request_added("a", ["a"], 5, now - 2)
-    scheduled = EngineCoreEvent(EngineCoreEventType.SCHEDULED, now - 1)
+    registry, metrics, _, scheduled = _admitted(2, 1)
     metrics.on_step(
         EngineCoreOutputs([EngineCoreOutput("a", [], events=[scheduled])]),
         ProcessedOutputs([], []),
