@@ -179,9 +179,12 @@ def parse_histogram_totals(text: str) -> dict[str, tuple[float, float]]:
             for part, index in (("_sum", 0), ("_count", 1)):
                 prefix = name + part
                 if line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in ("{", " "):
+                    # `name{labels} value [timestamp]`: label values may hold spaces.
+                    rest = line[len(prefix) :]
+                    fields = rest[rest.rfind("}") + 1 :].split()
                     try:
-                        value = float(line.rsplit(" ", 1)[-1])
-                    except ValueError:
+                        value = float(fields[0])
+                    except (IndexError, ValueError):
                         continue
                     totals.setdefault(key, [0.0, 0.0])[index] += value
     return {key: (v[0], v[1]) for key, v in totals.items()}
