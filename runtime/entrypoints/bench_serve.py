@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -172,21 +173,21 @@ SERVER_HISTOGRAMS = {
 
 def parse_histogram_totals(text: str) -> dict[str, tuple[float, float]]:
     """{key: (sum, count)} of SERVER_HISTOGRAMS in a Prometheus exposition,
-    summed over label sets (several models)."""
+    summed over label sets (several models); {} for one that does not parse."""
+    wanted = {
+        f"{name}{part}": (key, index)
+        for key, name in SERVER_HISTOGRAMS.items()
+        for part, index in (("_sum", 0), ("_count", 1))
+    }
     totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        for key, name in SERVER_HISTOGRAMS.items():
-            for part, index in (("_sum", 0), ("_count", 1)):
-                prefix = name + part
-                if line.startswith(prefix) and line[len(prefix) : len(prefix) + 1] in ("{", " "):
-                    # `name{labels} value [timestamp]`: label values may hold spaces.
-                    rest = line[len(prefix) :]
-                    fields = rest[rest.rfind("}") + 1 :].split()
-                    try:
-                        value = float(fields[0])
-                    except (IndexError, ValueError):
-                        continue
-                    totals.setdefault(key, [0.0, 0.0])[index] += value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    key, index = wanted[sample.name]
+                    totals.setdefault(key, [0.0, 0.0])[index] += sample.value
+    except ValueError:  # a malformed line: no split rather than a wrong one
+        return {}
     return {key: (v[0], v[1]) for key, v in totals.items()}
 
 

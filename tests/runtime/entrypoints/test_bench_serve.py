@@ -167,14 +167,13 @@ async def test_a_server_without_metrics_gives_no_split():
     assert "Server mean" not in format_table(summary)
 
 
-def test_histogram_totals_skip_values_that_are_not_numbers():
-    text = 'vllm:request_queue_time_seconds_sum{model_name="a"} 1.5\n'
-    text += 'vllm:request_queue_time_seconds_count{model_name="a"} NaNx\n'
-    text += "vllm:request_queue_time_seconds_count{} \n"
+def test_histogram_totals_read_labels_timestamps_and_refuse_a_malformed_exposition():
+    # A label value with a space and a brace, and a sample with a timestamp.
+    text = 'vllm:request_queue_time_seconds_sum{model_name="a} b"} 1.5 1700000000000\n'
     text += "vllm:request_queue_time_seconds_count 3\n"
-    # A label value with a space, and a sample with a timestamp.
-    text += 'vllm:request_prefill_time_seconds_sum{model_name="a b"} 2.5 1700000000000\n'
-    assert parse_histogram_totals(text) == {"queue": (1.5, 3.0), "prefill": (2.5, 0.0)}
+    text += 'vllm:request_queue_time_seconds_bucket{le="+Inf"} 3\n'
+    assert parse_histogram_totals(text) == {"queue": (1.5, 3.0)}
+    assert parse_histogram_totals(text + "vllm:request_queue_time_seconds_count NaNx\n") == {}
 
 
 async def test_client_skips_llama_servers_closing_chunk_and_counts_without_usage():

@@ -88,13 +88,18 @@ def test_prefill_and_decode_time_split_the_time_in_the_batch_at_the_first_token(
     assert abs(_value(text, f"vllm:time_to_first_token_seconds_sum{label}") - 5) < 1e-6
 
 
-def test_a_request_aborted_before_its_first_token_has_no_prefill_time():
+def test_a_request_finished_before_its_first_token_has_no_prefill_or_decode_time():
+    # Finished by the engine with no token (aborted there): in the batch,
+    # but never prefilled to a token.
     registry, metrics, _, scheduled = _admitted(2, 1)
     metrics.on_step(
         EngineCoreOutputs([EngineCoreOutput("a", [], events=[scheduled])]),
         ProcessedOutputs([], []),
     )
-    metrics.on_request_aborted("a")
+    done = RequestOutput("a", None, [], [CompletionOutput(0, "", [], finish_reason="abort")], True)
+    metrics.on_step(EngineCoreOutputs(), ProcessedOutputs([done], []))
     text = generate_latest(registry).decode()
+    label = '{model_name="m"}'
+    assert _value(text, f"vllm:request_inference_time_seconds_count{label}") == 1
     for series in ("prefill", "decode"):
-        assert _value(text, f'vllm:request_{series}_time_seconds_count{{model_name="m"}}') == 0
+        assert _value(text, f"vllm:request_{series}_time_seconds_count{label}") == 0
