@@ -18,7 +18,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,9 @@ from pagoda.operator.autoscaler import Autoscaler, Health
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.errors import ApiError, Backoff
 from pagoda.operator.llmservice import InvalidSpec, builtin_autoscaling, parse
-from pagoda.operator.render.labels import selector_labels
+from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL, selector_labels
 from pagoda.operator.scrape import HttpFetch
-from pagoda.operator.triggers import Key, Triggers, owner_key
+from pagoda.operator.triggers import SERVICE_NAME_LABEL, Key, Triggers, owner_key
 
 FINALIZER = "pagoda.dev/finalizer"
 PREFIX = "pagoda.dev"
@@ -71,6 +71,30 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     memo.setdefault("adapters", {})
     # Wake-ups of the adapter loops: a new spec, a pod that changed.
     memo.setdefault("adapter_triggers", Triggers())
+
+
+def child_selector(resource: Sequence[str]) -> str:
+    """The server-side label selector of one owned kind's watch.
+
+    Every child carries the managed-by label. EndpointSlices are the
+    EndpointSlice controller's, which copies its Service's labels onto them;
+    the service-name label is what maps a slice to its owner.
+    """
+    selector = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    if resource[-1] == "endpointslices":
+        selector += f",{SERVICE_NAME_LABEL}"
+    return selector
+
+
+def watch_selectors(settings: kopf.OperatorSettings, resources: Iterable[Sequence[str]]) -> None:
+    """Filter the owned kinds' lists and watches on the API server, not in kopf.
+
+    A handler's `labels=` filter runs in kopf after the whole stream arrived:
+    on a cluster with 50,000 pods every one of them would be listed, watched
+    and kept in the operator's memory.
+    """
+    for resource in resources:
+        settings.watching.label_selectors[tuple(resource)] = child_selector(resource)
 
 
 async def detect_cluster(memo: kopf.Memo, logger: Any) -> None:

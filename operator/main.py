@@ -17,26 +17,20 @@ from typing import Any
 import kopf
 from pagoda.operator import handlers
 from pagoda.operator.model import GROUP, PLURAL, VERSION
-from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL
-from pagoda.operator.triggers import SERVICE_NAME_LABEL
 
 LLMS = (GROUP, VERSION, PLURAL)
 
 # The kinds an LLMService owns, watched so that repair and status follow a
-# change within seconds: kind -> (kopf resource, label filter).
-CHILDREN: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "Deployment": (("apps", "v1", "deployments"), {MANAGED_BY_LABEL: MANAGED_BY}),
-    "Service": (("v1", "services"), {MANAGED_BY_LABEL: MANAGED_BY}),
-    "ConfigMap": (("v1", "configmaps"), {MANAGED_BY_LABEL: MANAGED_BY}),
-    "PodDisruptionBudget": (
-        ("policy", "v1", "poddisruptionbudgets"),
-        {MANAGED_BY_LABEL: MANAGED_BY},
-    ),
-    "Pod": (("v1", "pods"), {MANAGED_BY_LABEL: MANAGED_BY}),
-    "EndpointSlice": (
-        ("discovery.k8s.io", "v1", "endpointslices"),
-        {SERVICE_NAME_LABEL: kopf.PRESENT},
-    ),
+# change within seconds: kind -> kopf resource. Each watch asks the API server
+# for the operator's objects only (`watch_selectors`), so the rest of the
+# cluster's pods and ConfigMaps never reach the operator's memory.
+CHILDREN: dict[str, tuple[str, ...]] = {
+    "Deployment": ("apps", "v1", "deployments"),
+    "Service": ("v1", "services"),
+    "ConfigMap": ("v1", "configmaps"),
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+    "Pod": ("v1", "pods"),
+    "EndpointSlice": ("discovery.k8s.io", "v1", "endpointslices"),
 }
 
 
@@ -45,6 +39,7 @@ async def configure(
     settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any
 ) -> None:
     handlers.configure(settings, memo)
+    handlers.watch_selectors(settings, CHILDREN.values())
     await handlers.detect_cluster(memo, logger)
 
 
@@ -90,8 +85,8 @@ def _wake_owner(kind: str) -> Any:
     return wake_owner
 
 
-for _kind, (_resource, _labels) in CHILDREN.items():
-    kopf.on.event(*_resource, labels=_labels, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
+for _kind, _resource in CHILDREN.items():
+    kopf.on.event(*_resource, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
 
 
 @kopf.on.cleanup()

@@ -33,6 +33,7 @@ from kubesim.testing import (
 )
 
 CHILDREN = ((DEPLOYMENTS, "chat"), (SERVICES, "chat"), (CONFIGMAPS, "chat-engine"))
+SERVICE_LABELS = {"app.kubernetes.io/managed-by": "pagoda-operator"}
 
 
 def runtime_pod(server: ApiServer, name: str, service: str = "chat", **status: Any) -> dict:
@@ -69,7 +70,8 @@ def endpoint_slice(service: str, ready: int, not_ready: int = 0) -> dict:
         "metadata": {
             "name": f"{service}-abcde",
             "namespace": NS,
-            "labels": {"kubernetes.io/service-name": service},
+            # The EndpointSlice controller copies the Service's labels.
+            "labels": {**SERVICE_LABELS, "kubernetes.io/service-name": service},
         },
         "addressType": "IPv4",
         "endpoints": endpoints,

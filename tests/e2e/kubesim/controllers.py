@@ -243,7 +243,9 @@ class EndpointSliceController:
             "metadata": {
                 "name": name,
                 "namespace": meta["namespace"],
+                # As the real controller: the Service's labels, then its own.
                 "labels": {
+                    **(meta.get("labels") or {}),
                     "kubernetes.io/service-name": meta["name"],
                     "endpointslice.kubernetes.io/managed-by": self.manager,
                 },
