@@ -13,6 +13,7 @@ Needs `jsonschema` and `cel-python` (the `dev` extra); the operator does not.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +63,27 @@ def _rules(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str,
             yield from _rules(schema["items"], item, f"{path}[{index}]")
 
 
+def _list_duplicates(schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
+    """Duplicate entries of `map` and `set` lists, as the API server reports them."""
+    kind = schema.get("x-kubernetes-list-type")
+    if isinstance(value, list) and kind in ("map", "set"):
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        seen: set[str] = set()
+        for index, item in enumerate(value):
+            key = {k: item.get(k) for k in keys} if kind == "map" else item
+            text = json.dumps(key, sort_keys=True)
+            if text in seen:
+                yield f"{path.lstrip('.')}[{index}]: Duplicate value: {text}"
+            seen.add(text)
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                yield from _list_duplicates(sub, value[name], f"{path}.{name}")
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            yield from _list_duplicates(schema["items"], item, f"{path}[{index}]")
+
+
 def check(body: dict[str, Any]) -> list[str]:
     """Admission errors for one LLMService body (empty: it would be accepted)."""
     import celpy
@@ -74,6 +96,7 @@ def check(body: dict[str, Any]) -> list[str]:
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
         for error in validator.iter_errors(body)
     ]
+    errors += _list_duplicates(schema, body, "")
     if errors:
         return errors  # the API server stops at schema errors, before CEL
     env = celpy.Environment()

@@ -348,6 +348,21 @@ class SchedulingSpec(Model):
     )
 
 
+UNIQUE_ENV_MESSAGE = "env names must be unique"
+UNIQUE_PULL_SECRETS_MESSAGE = "imagePullSecrets must be unique"
+# Variables the operator derives from other fields. A user's value for one of
+# them would silently contradict that field, so the spec is refused instead;
+# any other name the operator sets (HF_HUB_OFFLINE, PAGODA_NUM_THREADS) the
+# user's value overrides.
+API_KEY_ENV = "PAGODA_API_KEY"
+API_KEY_ENV_MESSAGE = f"{API_KEY_ENV} comes from apiKeySecretRef: set one of them, not both"
+HF_HOME_ENV = "HF_HOME"
+HF_HOME_ENV_MESSAGE = (
+    f"{HF_HOME_ENV} is where the operator mounts the model cache (an hf:// model or "
+    "modelCache): it cannot be set in env"
+)
+
+
 class EnvVar(Model):
     """An extra environment variable of the runtime container, as in the core API."""
 
@@ -685,6 +700,18 @@ class LLMServiceSpec(Model):
                     HF_ADAPTER_MESSAGE,
                     ".modelCache",
                 ),
+                cel(
+                    f"!has(self.apiKeySecretRef) || !has(self.env)"
+                    f" || !self.env.exists(e, e.name == '{API_KEY_ENV}')",
+                    API_KEY_ENV_MESSAGE,
+                    ".env",
+                ),
+                cel(
+                    f"!(has(self.modelCache) || self.model.startsWith('hf://')) || !has(self.env)"
+                    f" || !self.env.exists(e, e.name == '{HF_HOME_ENV}')",
+                    HF_HOME_ENV_MESSAGE,
+                    ".env",
+                ),
             ]
         }
     )
@@ -713,7 +740,11 @@ class LLMServiceSpec(Model):
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     image_pull_secrets: list[Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]] = Field(
-        default_factory=list, max_length=16, description="Secret names for the registry."
+        default_factory=list,
+        max_length=16,
+        description="Secret names for the registry.",
+        # The pod's imagePullSecrets is a map keyed by name: no duplicates.
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     service_account_name: str | None = Field(
         None, max_length=253, pattern=DNS_SUBDOMAIN, description="The pods' ServiceAccount."
@@ -748,7 +779,15 @@ class LLMServiceSpec(Model):
     model_cache: ModelCacheSpec | None = None
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables of the runtime container. A name the "
+        "operator also sets (HF_HUB_OFFLINE, PAGODA_NUM_THREADS) takes the value given here.",
+        # Keyed by name, as the container's own env list: the API server refuses
+        # duplicates instead of letting the Deployment's apply fail later.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     drain: DrainSpec = Field(default_factory=DrainSpec)
@@ -771,12 +810,25 @@ class LLMServiceSpec(Model):
         max_length=MAX_ADAPTERS,
         description="LoRA adapters every pod serves. Changes are hot-loaded into running "
         "pods (no restart); restarted and new pods load them before they turn Ready.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("self.all(a, self.exists_one(b, b.name == a.name))", UNIQUE_ADAPTERS_MESSAGE),
-            ]
-        },
+        # A map keyed by name: the API server refuses duplicates itself, in
+        # linear time, where a CEL rule would cost quadratic time per write.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        names = [var.name for var in env]
+        if len(set(names)) != len(names):
+            raise ValueError(UNIQUE_ENV_MESSAGE)
+        return env
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _unique_pull_secrets(cls, names: list[str]) -> list[str]:
+        if len(set(names)) != len(names):
+            raise ValueError(UNIQUE_PULL_SECRETS_MESSAGE)
+        return names
 
     @field_validator("adapters")
     @classmethod
@@ -808,7 +860,17 @@ class LLMServiceSpec(Model):
             )
         if self.model_cache is None and any(a.source.startswith("hf://") for a in self.adapters):
             raise RuleError(".modelCache", HF_ADAPTER_MESSAGE)
+        names = {var.name for var in self.env}
+        if self.api_key_secret_ref is not None and API_KEY_ENV in names:
+            raise RuleError(".env", API_KEY_ENV_MESSAGE)
+        if self.mounts_model_cache and HF_HOME_ENV in names:
+            raise RuleError(".env", HF_HOME_ENV_MESSAGE)
         return self
+
+    @property
+    def mounts_model_cache(self) -> bool:
+        """Whether the pods get a Hugging Face cache (HF_HOME) from the operator."""
+        return self.model.startswith("hf://") or self.model_cache is not None
 
     @property
     def lora_enabled(self) -> bool:

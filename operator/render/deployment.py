@@ -19,7 +19,7 @@ from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import LLMService, rollout_strategy
-from pagoda.operator.model import LoRASpec
+from pagoda.operator.model import API_KEY_ENV, HF_HOME_ENV, LoRASpec
 from pagoda.operator.render.configmap import config_hash, engine_env
 from pagoda.operator.render.labels import (
     RUNTIME_PORT,
@@ -117,29 +117,30 @@ def lora_arguments(llms: LLMService) -> list[str]:
 
 
 def _env(llms: LLMService) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = []
+    """The container's env: the operator's variables merged with `spec.env` by name.
+
+    The container's env is a list keyed by name: server-side apply refuses
+    the whole Deployment if a name appears twice. The user's value wins; the
+    names that would contradict another field (PAGODA_API_KEY, HF_HOME) are
+    refused in the spec instead (model.py).
+    """
+    env: dict[str, dict[str, Any]] = {}
     if llms.spec.api_key_secret_ref:
         ref = llms.spec.api_key_secret_ref
-        env.append(
-            {
-                "name": "PAGODA_API_KEY",
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+        env[API_KEY_ENV] = {
+            "name": API_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+        }
     if llms.spec.model.startswith("hf://") or (llms.spec.model_cache and llms.spec.lora_enabled):
         # Read the mounted cache only: a pod must never download weights on start.
-        env += [
-            {"name": "HF_HOME", "value": HF_CACHE_MOUNT},
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
-        ]
+        env[HF_HOME_ENV] = {"name": HF_HOME_ENV, "value": HF_CACHE_MOUNT}
+        env["HF_HUB_OFFLINE"] = {"name": "HF_HUB_OFFLINE", "value": "1"}
     threads = engine_threads(llms)
-    # Server-side apply keys env by name: a duplicate would be refused.
-    if threads is not None and all(v.name != "PAGODA_NUM_THREADS" for v in llms.spec.env):
-        env.append({"name": "PAGODA_NUM_THREADS", "value": str(threads)})
-    # User variables come last: for duplicate names Kubernetes keeps the last one.
+    if threads is not None:
+        env["PAGODA_NUM_THREADS"] = {"name": "PAGODA_NUM_THREADS", "value": str(threads)}
     for var in llms.spec.env:
-        env.append(var.model_dump(by_alias=True, exclude_none=True))
-    return env
+        env[var.name] = var.model_dump(by_alias=True, exclude_none=True)
+    return list(env.values())
 
 
 def cpu_cores(quantity: str) -> float:

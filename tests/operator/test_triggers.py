@@ -54,11 +54,12 @@ async def test_owned_kinds_are_listed_and_watched_with_a_server_side_selector(
 ) -> None:
     await create(operator, llmservice())
     await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
-    watched: dict[str, set[str]] = {}
+    watched: dict[str, set[str]] = {}  # kopf's lists and watches (not the reconcile's reads)
     for request in list(operator):
         if request.resource is None or request.name is not None:
             continue
-        if str(request.method.value).upper() == "GET":
+        agent = {k.lower(): v for k, v in dict(request.headers).items()}.get("user-agent", "")
+        if str(request.method.value).upper() == "GET" and agent.startswith("kopf"):
             plural = request.resource.plural
             watched.setdefault(plural, set()).add(dict(request.params).get("labelSelector", ""))
     for kind, resource in CHILDREN.items():

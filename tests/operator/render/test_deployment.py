@@ -256,6 +256,21 @@ def test_user_env_comes_last_so_it_wins() -> None:
     assert c["env"][-1] == {"name": "LOG_LEVEL", "value": "debug"}
 
 
+def test_env_is_merged_by_name_with_the_users_value_winning() -> None:
+    # Server-side apply refuses a Deployment whose env repeats a name.
+    c = container(
+        render(
+            model="hf://org/model",
+            modelCache={"claimName": "hf"},
+            env=[{"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "A", "value": "1"}],
+        )
+    )
+    names = [e["name"] for e in c["env"]]
+    assert len(names) == len(set(names)), names
+    assert {"name": "HF_HUB_OFFLINE", "value": "0"} in c["env"]
+    assert c["env"][-1] == {"name": "A", "value": "1"}
+
+
 def test_extra_args_are_appended() -> None:
     args = container(render(engine={"extraArgs": ["--enforce-eager"]}))["args"]
     assert args[-1] == "--enforce-eager"
