@@ -74,12 +74,13 @@ class Outcome:
     ignored_fields: tuple[str, ...] = ()
 
 
-async def check_references(api: KubeApi, llms: LLMService) -> None:
+async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
     """Refuse to roll out pods that could never start: missing Secrets and claims.
 
     The Secret check runs only where the operator may read Secrets (a Role in
     namespaced mode); cluster-wide it has no such right, and a missing Secret
-    shows up as the pods' CreateContainerConfigError instead.
+    shows up as the pods' CreateContainerConfigError instead. Returns the
+    faults that do not stop the rollout (`claim_problems`).
     """
     ns, spec = llms.namespace, llms.spec
     if spec.api_key_secret_ref is not None:
@@ -89,11 +90,50 @@ async def check_references(api: KubeApi, llms: LLMService) -> None:
         claims.append(("spec.model", spec.model.removeprefix("pvc://").partition("/")[0]))
     if spec.model_cache is not None:
         claims.append(("spec.modelCache.claimName", spec.model_cache.claim_name))
+    problems = []
     for path, claim in claims:
-        if await api.get("PersistentVolumeClaim", ns, claim) is None:
+        found = await api.get("PersistentVolumeClaim", ns, claim)
+        if found is None:
             raise MissingReference(
                 path, f"PersistentVolumeClaim {claim!r} not found in namespace {ns!r}"
             )
+        problems += claim_problems(llms, path, found)
+    return problems
+
+
+# Access modes that attach a volume to one node (or one pod) at a time.
+SINGLE_NODE_MODES = {"ReadWriteOnce", "ReadWriteOncePod"}
+
+
+def most_replicas(llms: LLMService) -> int:
+    """The most pods this spec may run at once: the autoscaler's bound, or replicas."""
+    auto = llms.spec.autoscaling
+    if auto is not None and auto.enabled:
+        return max(auto.max_replicas, llms.spec.replicas)
+    return llms.spec.replicas
+
+
+def claim_problems(llms: LLMService, path: str, claim: Mapping[str, Any]) -> list[st.Problem]:
+    """A claim that several replicas cannot all mount (pure).
+
+    A ReadWriteOnce volume attaches to one node: pods scheduled elsewhere wait
+    in ContainerCreating on a Multi-Attach error, a state that never shows as
+    failing. ReadWriteOncePod admits one pod in the whole cluster.
+    """
+    modes = set((claim.get("spec") or {}).get("accessModes") or [])
+    replicas = most_replicas(llms)
+    if replicas <= 1 or not modes or not modes <= SINGLE_NODE_MODES:
+        return []
+    name = (claim.get("metadata") or {}).get("name", "?")
+    where = "one pod" if modes == {"ReadWriteOncePod"} else "the pods of one node"
+    return [
+        st.Problem(
+            "SingleNodeVolume",
+            f"{path}: PersistentVolumeClaim {name!r} is {', '.join(sorted(modes))}: only "
+            f"{where} can mount it, and up to {replicas} replicas may run; the others wait "
+            "in ContainerCreating (Multi-Attach). Use a ReadOnlyMany or ReadWriteMany claim",
+        )
+    ]
 
 
 async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> None:
@@ -109,6 +149,17 @@ async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> No
         )
     if key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
         raise MissingReference("spec.apiKeySecretRef.key", f"Secret {name!r} has no key {key!r}")
+
+
+def last_need(spec: Mapping[str, Any]) -> int:
+    """The serving endpoints a spec that failed validation asks for, read leniently."""
+
+    def whole(key: str) -> int:
+        value = spec.get(key, 1)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return value if ok else 1
+
+    return max(1, min(whole("minAvailable"), whole("replicas")))
 
 
 def _refused(error: ApiError) -> st.Problem:
@@ -131,10 +182,23 @@ async def reconcile(
     """
     try:
         llms = parse(body, config)
-        await check_references(api, llms)
+        warnings = await check_references(api, llms)
     except InvalidSpec as problem:
-        generation = (body.get("metadata") or {}).get("generation")
-        return Outcome(st.invalid(problem, generation, previous, now), invalid=problem)
+        meta = body.get("metadata") or {}
+        # The pods of the last spec that applied still serve: count them. The
+        # Service shares the LLMService's name (render.labels.service_name).
+        slices = await api.list(
+            "EndpointSlice", meta.get("namespace", ""), {SERVICE_NAME_LABEL: meta.get("name", "")}
+        )
+        status = st.invalid(
+            problem,
+            meta.get("generation"),
+            previous,
+            now,
+            serving=st.serving_endpoints(slices),
+            need=last_need(body.get("spec") or {}),
+        )
+        return Outcome(status, invalid=problem)
 
     children = render_children(llms, config)
     writes: list[Write] = []
@@ -147,7 +211,10 @@ async def reconcile(
             live = await api.get(kind, llms.namespace, name)
             taken = conflict(kind, live, llms.uid)
             if taken is not None:
-                problems.append(st.Problem("ChildConflict", taken.message()))
+                # Someone else's Service: its endpoints are not this service's.
+                problems.append(
+                    st.Problem("ChildConflict", taken.message(), blocks_serving=kind == "Service")
+                )
                 continue
             applied = await api.apply(stamp(desired), config.field_manager)
         except ApiError as e:
@@ -189,6 +256,7 @@ async def reconcile(
         ),
         template_hash=template_hash,
         problems=tuple(problems),
+        warnings=tuple(warnings),
     )
     status = st.compute(
         llms,

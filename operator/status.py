@@ -3,13 +3,17 @@
 Three conditions, defined the way Deployments and KServe define theirs:
 
 * `Ready`: the Service has at least `minAvailable` serving endpoints (capped
-  at `replicas`) and the whole spec is applied. Readiness is about whether the
-  endpoint answers, so scaling out, which only adds capacity, never lowers it.
+  at `replicas`). Readiness is about whether the endpoint answers, so scaling
+  out, which only adds capacity, never lowers it, and neither does a spec
+  that cannot be applied (an invalid edit, a missing Secret, a refused
+  write): the pods already running keep serving, and `kubectl wait`, Argo CD
+  and Flux must not report an outage that is not one. Those go to Degraded.
 * `Progressing`: a rollout or a scale is under way; the message says how many
   pods run the current spec and are ready.
 * `Degraded`: a fault that needs a person: a crash loop, an image that cannot
   be pulled, a pod unschedulable past a grace period, a child whose name is
-  taken (ChildConflict), a spec the operator or the API server refuses.
+  taken (ChildConflict), a spec the operator or the API server refuses, a
+  ReadWriteOnce claim shared by several replicas.
 
 Each condition keeps its lastTransitionTime until its status really flips, so
 a steady object makes no status writes at all.
@@ -39,10 +43,15 @@ FAILING_WAITING = {
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One reason the service is degraded."""
+    """One reason the service is degraded.
+
+    `blocks_serving`: the endpoint cannot be ours whatever the pods do (the
+    Service's name is taken by someone else's Service).
+    """
 
     reason: str
     message: str
+    blocks_serving: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,8 @@ class Observed:
     template_hash: str | None = None
     # What kept parts of the spec from being applied (conflicts, refused writes).
     problems: tuple[Problem, ...] = ()
+    # Faults found in what the spec refers to, that do not stop the rollout.
+    warnings: tuple[Problem, ...] = ()
 
 
 def timestamp(now: datetime.datetime) -> str:
@@ -236,23 +247,14 @@ def compute(
     dep_status = dep.get("status") or {}
     desired = llms.spec.replicas
 
+    blocking = observed.problems
     serving = serving_endpoints(observed.endpoint_slices)
     need = min(llms.spec.min_available, desired)
-    blocking = observed.problems
-    if desired == 0:
-        ready = condition("Ready", False, "ScaledToZero", "replicas is 0", now, old, gen)
-    elif blocking:
-        message = "the spec is not fully applied: " + "; ".join(p.message for p in blocking[:3])
-        ready = condition("Ready", False, blocking[0].reason, message, now, old, gen)
-    elif serving >= need:
-        message = f"{serving} serving endpoints (need {need})"
-        ready = condition("Ready", True, "Serving", message, now, old, gen)
-    else:
-        message = f"{serving} serving endpoints, need {need}"
-        ready = condition("Ready", False, "EndpointsUnavailable", message, now, old, gen)
+    ready = readiness(serving, need, desired, blocking, now, old, gen)
 
     problems = [
         *blocking,
+        *observed.warnings,
         *deployment_problems(dep),
         *pod_problems(observed.pods, now, unschedulable_grace),
     ]
@@ -287,6 +289,36 @@ def compute(
             *adapters_condition(adapters, now, old, gen),
         ],
     }
+
+
+def readiness(
+    serving: int,
+    need: int,
+    desired: int,
+    problems: tuple[Problem, ...],
+    now: datetime.datetime,
+    previous: Iterable[Mapping[str, Any]],
+    generation: int | None,
+) -> dict[str, Any]:
+    """The Ready condition: enough serving endpoints, whether or not the spec applied.
+
+    `problems` (what kept the spec from being applied) only explain a lack of
+    endpoints; they never take readiness from pods that serve, unless the
+    endpoint itself is not ours.
+    """
+    applied = "; ".join(p.message for p in problems[:3])
+    unapplied = f"; the spec is not fully applied: {applied}" if problems else ""
+    taken = next((p for p in problems if p.blocks_serving), None)
+    if desired == 0:
+        return condition("Ready", False, "ScaledToZero", "replicas is 0", now, previous, generation)
+    if taken is not None:
+        return condition("Ready", False, taken.reason, taken.message, now, previous, generation)
+    if serving >= need:
+        message = f"{serving} serving endpoints (need {need}){unapplied}"
+        return condition("Ready", True, "Serving", message, now, previous, generation)
+    reason = problems[0].reason if problems else "EndpointsUnavailable"
+    message = f"{serving} serving endpoints, need {need}{unapplied}"
+    return condition("Ready", False, reason, message, now, previous, generation)
 
 
 def adapters_condition(
@@ -329,15 +361,22 @@ def invalid(
     generation: int | None,
     previous: Mapping[str, Any],
     now: datetime.datetime,
+    serving: int = 0,
+    need: int = 1,
 ) -> dict[str, Any]:
-    """The status of a spec the operator refuses to act on; children are left as they are."""
+    """The status of a spec the operator refuses to act on; children are left as they are.
+
+    The pods of the last good spec keep serving: `serving` of the Service's
+    endpoints answer, against the `need` of the last spec's minAvailable.
+    """
     old = previous.get("conditions") or []
     message = str(problem)
     reason = problem.reason
+    refused = (Problem(reason, message),)
     return {
         "observedGeneration": generation,
         "conditions": [
-            condition("Ready", False, reason, message, now, old, generation),
+            readiness(serving, need, max(need, 1), refused, now, old, generation),
             condition("Progressing", False, reason, message, now, old, generation),
             condition("Degraded", True, reason, message, now, old, generation),
         ],

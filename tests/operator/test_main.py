@@ -271,6 +271,46 @@ async def test_ready_follows_the_services_serving_endpoints(operator: ApiServer)
     assert condition(operator, "chat", "Ready")["reason"] == "Serving"
 
 
+async def test_an_edit_that_cannot_apply_is_degraded_while_the_pods_keep_serving(
+    operator: ApiServer,
+) -> None:
+    await create(operator, llmservice())
+    await settled(operator)
+    await create(operator, endpoint_slice("chat", ready=1))
+    await eventually(lambda: condition(operator, "chat", "Ready")["status"] == "True")
+    # A key from a Secret nobody created yet: the pods of the old spec still answer.
+    await patch(operator, path_of(LLMS, NS, "chat"), {"spec": {"apiKeySecretRef": {"name": "k"}}})
+    await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "True")
+    assert condition(operator, "chat", "Degraded")["reason"] == "MissingReference"
+    ready = condition(operator, "chat", "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Serving"), ready
+    assert "spec.apiKeySecretRef.name" in ready["message"]
+
+
+async def test_a_read_write_once_model_claim_with_replicas_is_degraded(
+    operator: ApiServer,
+) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": NS},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    await create(operator, claim)
+    await create(operator, llmservice(model="pvc://models/llama", replicas=2))
+    degraded = await eventually(
+        lambda: (
+            condition(operator, "chat", "Degraded")["status"] == "True"
+            and condition(operator, "chat", "Degraded")
+        )
+    )
+    assert degraded["reason"] == "SingleNodeVolume" and "Multi-Attach" in degraded["message"]
+    # The rollout goes on: on one node the pods share the volume.
+    assert obj(operator, DEPLOYMENTS, "chat")["spec"]["replicas"] == 2
+    await patch(operator, path_of(LLMS, NS, "chat") + "/scale", {"spec": {"replicas": 1}})
+    await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
+
+
 async def test_status_counts_come_from_the_deployment(operator: ApiServer) -> None:
     await create(operator, llmservice(replicas=2))
     await settled(operator)

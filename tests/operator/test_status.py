@@ -219,15 +219,31 @@ def test_terminating_pods_are_ignored() -> None:
     assert pod_problems([p], NOW, 300) == []
 
 
-def test_a_child_conflict_is_not_ready_and_degraded() -> None:
-    problem = Problem("ChildConflict", "Service chat already exists and is not owned by ...")
+def test_a_child_conflict_is_degraded_and_ready_while_the_pods_serve() -> None:
+    problem = Problem("ChildConflict", "PodDisruptionBudget chat already exists and is not ...")
     s = status_of(llms(), observed(deployment(1, 1), (pod("a"),), slices(1), problems=(problem,)))
-    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("False", "ChildConflict")
-    assert "Service chat" in cond(s, "Ready")["message"]
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("True", "Serving")
+    assert "PodDisruptionBudget chat" in cond(s, "Ready")["message"]
     assert (cond(s, "Degraded")["status"], cond(s, "Degraded")["reason"]) == (
         "True",
         "ChildConflict",
     )
+    # Without serving endpoints the conflict is the reason readiness is missing.
+    s = status_of(llms(), observed(deployment(1, 0), (), slices(0), problems=(problem,)))
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("False", "ChildConflict")
+
+
+def test_someone_elses_service_is_not_ready_whatever_its_endpoints() -> None:
+    taken = Problem("ChildConflict", "Service chat already exists ...", blocks_serving=True)
+    s = status_of(llms(), observed(deployment(1, 1), (pod("a"),), slices(1), problems=(taken,)))
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("False", "ChildConflict")
+
+
+def test_a_warning_is_degraded_only() -> None:
+    warning = Problem("SingleNodeVolume", "spec.model: PersistentVolumeClaim 'm' is ...")
+    s = status_of(llms(), observed(deployment(1, 1), (pod("a"),), slices(1), warnings=(warning,)))
+    assert cond(s, "Ready")["status"] == "True" and cond(s, "Ready")["reason"] == "Serving"
+    assert cond(s, "Degraded")["reason"] == "SingleNodeVolume"
 
 
 def test_transition_time_moves_only_when_the_status_flips() -> None:
@@ -253,6 +269,16 @@ def test_invalid_spec_names_the_field_in_every_condition() -> None:
     assert "spec.engine.dtype" in cond(s, "Degraded")["message"]
     missing = invalid(MissingReference("spec.apiKeySecretRef.name", "gone"), 5, {}, NOW)
     assert cond(missing, "Degraded")["reason"] == "MissingReference"
+
+
+def test_an_invalid_edit_leaves_the_serving_pods_ready() -> None:
+    # The last good spec's pods answer: no outage for `kubectl wait` or Argo CD.
+    s = invalid(InvalidSpec("spec.engine.dtype", "bad"), 6, {}, NOW, serving=2, need=2)
+    assert (cond(s, "Ready")["status"], cond(s, "Ready")["reason"]) == ("True", "Serving")
+    assert "spec.engine.dtype" in cond(s, "Ready")["message"]
+    assert cond(s, "Degraded")["status"] == "True"
+    short = invalid(InvalidSpec("spec.engine.dtype", "bad"), 6, {}, NOW, serving=1, need=2)
+    assert cond(short, "Ready")["status"] == "False"
 
 
 def test_events_tell_each_cause_once_and_warn_on_trouble() -> None:
