@@ -156,11 +156,15 @@ def parse(body: Mapping[str, Any], config: OperatorConfig) -> LLMService:
 def rollout_strategy(llms: LLMService) -> tuple[int | str, int | str]:
     """(maxSurge, maxUnavailable): the spec's, or the defaults for this kind of pod.
 
-    A GPU pod cannot assume a spare GPU for a surge pod, so it steps down one
-    pod at a time (0, 1); a CPU pod surges first and never dips (1, 0). A field
-    left unset never makes both zero: it becomes 1 instead.
+    The default surges first and never dips (1, 0), so a rollout drops no
+    capacity. GPU pods of a service with several replicas step down one pod
+    at a time instead (0, 1), since a spare GPU for a surge pod is not
+    assumed; a single replica cannot step down without an outage, so it
+    surges too, and its new pod waits for a free GPU (Pending) while the old
+    one serves. A field left unset never makes both zero: it becomes 1.
     """
-    surge_default, unavailable_default = (0, 1) if llms.resources.gpus else (1, 0)
+    stepped = llms.resources.gpus and llms.spec.replicas > 1
+    surge_default, unavailable_default = (0, 1) if stepped else (1, 0)
     asked = llms.spec.rollout
     surge = asked.max_surge if asked.max_surge is not None else surge_default
     unavailable = (

@@ -374,7 +374,7 @@ class EnvVar(Model):
 
 
 class RolloutSpec(Model):
-    """How a changed spec rolls out. Unset fields default by the kind of pod: CPU pods surge (maxSurge 1, maxUnavailable 0: a new pod starts before an old one stops); GPU pods do not (maxSurge 0, maxUnavailable 1: no spare GPU is assumed)."""
+    """How a changed spec rolls out. Unset fields default to a surge (maxSurge 1, maxUnavailable 0: a new pod starts before an old one stops, no capacity lost), except for GPU pods of a service with several replicas, which step down one pod at a time (maxSurge 0, maxUnavailable 1: no spare GPU is assumed). A single GPU replica surges: its new pod needs a free GPU, and waits (Pending) for one while the old pod serves."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -393,13 +393,13 @@ class RolloutSpec(Model):
 
     max_surge: IntOrPercent | None = Field(
         None,
-        description="Extra pods during a rollout (count or %). Default: 1 for CPU pods, "
-        "0 for GPU pods.",
+        description="Extra pods during a rollout (count or %). Default: 1, or 0 for GPU "
+        "pods with several replicas.",
     )
     max_unavailable: IntOrPercent | None = Field(
         None,
-        description="Pods that may be missing during a rollout (count or %). Default: 0 "
-        "for CPU pods, 1 for GPU pods.",
+        description="Pods that may be missing during a rollout (count or %). Default: 0, "
+        "or 1 for GPU pods with several replicas.",
     )
 
     @field_validator("max_surge", "max_unavailable")

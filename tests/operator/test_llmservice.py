@@ -45,15 +45,29 @@ def test_profile_resolves_and_is_checked_against_one_gpu_per_rank() -> None:
 
 
 def test_rollout_defaults_depend_on_the_kind_of_pod() -> None:
-    cpu = parse(body({"model": "m"}), CONFIG)
-    gpu = parse(body({"model": "m", "resources": {"gpus": 1}}), CONFIG)
+    cpu = parse(body({"model": "m", "replicas": 3}), CONFIG)
+    gpu = parse(body({"model": "m", "replicas": 3, "resources": {"gpus": 1}}), CONFIG)
     assert rollout_strategy(cpu) == (1, 0)  # surge first, never below capacity
     assert rollout_strategy(gpu) == (0, 1)  # no spare GPU is assumed
 
 
+def test_a_single_gpu_replica_surges_rather_than_go_down() -> None:
+    # Stepping down the only pod is an outage; the surge pod waits for a GPU instead.
+    one = parse(body({"model": "m", "replicas": 1, "resources": {"gpus": 1}}), CONFIG)
+    assert rollout_strategy(one) == (1, 0)
+
+
 def test_an_unset_rollout_field_never_makes_both_zero() -> None:
     gpu = parse(
-        body({"model": "m", "resources": {"gpus": 1}, "rollout": {"maxUnavailable": 0}}), CONFIG
+        body(
+            {
+                "model": "m",
+                "replicas": 2,
+                "resources": {"gpus": 1},
+                "rollout": {"maxUnavailable": 0},
+            }
+        ),
+        CONFIG,
     )
     assert rollout_strategy(gpu) == (1, 0)
     cpu = parse(body({"model": "m", "rollout": {"maxSurge": 0}}), CONFIG)

@@ -112,8 +112,10 @@ def test_pre_stop_falls_back_to_exec_sleep_where_the_cluster_has_no_sleep_action
 
 
 def test_gpu_pods_roll_out_without_a_surge_by_default() -> None:
-    d = render(resources={"gpus": 1})
+    d = render(replicas=2, resources={"gpus": 1})
     assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    one = render(replicas=1, resources={"gpus": 1})
+    assert one["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     surge = render(resources={"gpus": 1}, rollout={"maxSurge": 1, "maxUnavailable": 0})
     assert surge["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
