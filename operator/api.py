@@ -33,7 +33,7 @@ import urllib3
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from pagoda.operator.errors import ApiError
-from pagoda.operator.model import GROUP, PLURAL, VERSION
+from pagoda.operator.model import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
@@ -279,7 +279,11 @@ class KubeApi:
 
     # ------------------------------------------------------------- LLMService
     async def patch_status(self, namespace: str, name: str, changes: Mapping[str, Any]) -> None:
-        """Merge `changes` into the LLMService's status (the status subresource)."""
+        """Merge `changes` into the LLMService's status (the status subresource).
+
+        For removals only (a `None` deletes a field whoever wrote it): writes
+        go through `apply_status`.
+        """
         await self._json(
             self._api("CustomObjectsApi").patch_namespaced_custom_object_status,
             GROUP,
@@ -289,6 +293,37 @@ class KubeApi:
             name,
             {"status": dict(changes)},
             _content_type=MERGE_PATCH,
+            target=f"LLMService {namespace}/{name} status",
+        )
+
+    async def apply_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], field_manager: str
+    ) -> None:
+        """Server-side apply of the LLMService's status fields that `field_manager` owns.
+
+        Each of the operator's loops applies under a manager of its own, so a
+        loop's write removes only the fields it stopped sending, and other
+        writers' fields, conditions of other types included (the CRD keys
+        conditions by type), are left alone: a merge patch would replace
+        the whole conditions list.
+        """
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": dict(status),
+        }
+        await self._json(
+            self._api("CustomObjectsApi").patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            field_manager=field_manager,
+            force=True,
+            _content_type=APPLY_PATCH,
             target=f"LLMService {namespace}/{name} status",
         )
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,8 +46,10 @@ def _is_null(schema: dict[str, Any]) -> bool:
 def _int_or_string_rules(node: dict[str, Any]) -> list[dict[str, str]]:
     if node.get("x-pagoda-quantity"):
         pattern, what = m.QUANTITY_PATTERN, "a quantity such as 8, 500m or 16Gi"
+        node["maxLength"] = m.QUANTITY_MAX
     else:
         pattern, what = m.PERCENT_PATTERN, "a count or a percentage such as '25%'"
+        node["maxLength"] = m.PERCENT_MAX
     return [
         m.cel(
             f"type(self) == string ? self.matches('{pattern}') : self >= 0",
@@ -130,6 +134,76 @@ def _clean(node: dict[str, Any], keep_additional: bool = False) -> dict[str, Any
     return {k: v for k, v in node.items() if k not in drop}
 
 
+# The API server's CEL cost model (k8s.io/apiserver/pkg/cel): a `matches`
+# costs ceil(0.1 * string size) * ceil(0.25 * regex size); a string without
+# maxLength is sized to the largest request (3 MiB); object names are at most
+# 253 characters. A rule whose estimate passes PER_RULE_COST_LIMIT is refused
+# when the CRD is installed.
+PER_RULE_COST_LIMIT = 10_000_000
+UNBOUNDED_STRING = 3 * 1024 * 1024 - 2
+OBJECT_NAME_MAX = 253
+_MATCHES = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\.matches\('((?:[^'\\]|\\.)*)'\)")
+_LOOP = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\.(?:all|exists|exists_one|map|filter)\(\s*(\w+)\s*,")
+
+
+def _node_at(node: dict[str, Any], path: list[str]) -> dict[str, Any] | None:
+    for name in path:
+        node = (node.get("properties") or {}).get(name)
+        if node is None:
+            return None
+    return node
+
+
+def regex_cost(rule: str, node: dict[str, Any]) -> int:
+    """The estimated cost of the `matches` calls of one rule at `node` (upper bound).
+
+    Receivers are `self`, fields under it, or a macro's variable over a list
+    under it; a call inside a macro is counted once per item the list may hold.
+    The other operations of Pagoda's rules cost a few units each.
+    """
+    loops: dict[str, tuple[dict[str, Any], int]] = {}
+    for target, var in _LOOP.findall(rule):
+        parts = target.split(".")
+        over = _node_at(node, parts[1:]) if parts[0] == "self" else None
+        if over is not None and isinstance(over.get("items"), dict):
+            loops[var] = (over["items"], int(over.get("maxItems", UNBOUNDED_STRING)))
+    total = 0
+    for receiver, pattern in _MATCHES.findall(rule):
+        head, *rest = receiver.split(".")
+        times = 1
+        if head == "self" and rest[:2] == ["metadata", "name"]:
+            size: int | None = OBJECT_NAME_MAX
+        else:
+            if head in loops:
+                base, times = loops[head]
+            elif head == "self":
+                base = node
+            else:
+                raise ValueError(f"cannot size the receiver {receiver!r} of {rule!r}")
+            target_node = _node_at(base, rest)
+            size = None if target_node is None else target_node.get("maxLength")
+        size = UNBOUNDED_STRING if size is None else size
+        string_cost = math.ceil(0.1 * (size + 1))
+        regex_cost = math.ceil(0.25 * (len(pattern) + 1))
+        total += times * string_cost * regex_cost
+    return total
+
+
+def rule_costs(schema: dict[str, Any], path: str = "") -> dict[str, int]:
+    """`regex_cost` of every rule in a schema, by "path: rule"."""
+    costs = {
+        f"{path or '<root>'}: {rule['rule']}": regex_cost(rule["rule"], schema)
+        for rule in schema.get("x-kubernetes-validations", [])
+    }
+    for name, sub in (schema.get("properties") or {}).items():
+        costs.update(rule_costs(sub, f"{path}.{name}"))
+    if isinstance(schema.get("items"), dict):
+        costs.update(rule_costs(schema["items"], f"{path}[]"))
+    if isinstance(schema.get("additionalProperties"), dict):
+        costs.update(rule_costs(schema["additionalProperties"], f"{path}{{}}"))
+    return costs
+
+
 def schema_of(cls: type[BaseModel]) -> dict[str, Any]:
     """The structural schema of one model class."""
     raw = cls.model_json_schema(by_alias=True, mode="validation")
@@ -162,8 +236,8 @@ def build() -> dict[str, Any]:
         },
         "x-kubernetes-validations": [
             m.cel(
-                f"self.metadata.name.matches('{m.NAME_PATTERN}')"
-                f" && size(self.metadata.name) <= {m.NAME_MAX}",
+                f"size(self.metadata.name) <= {m.NAME_MAX}"
+                f" && self.metadata.name.matches('{m.NAME_PATTERN}')",
                 "metadata.name must be a DNS label (lowercase letters, digits and '-', "
                 "starting with a letter, at most 63 characters): it names the Service",
             )

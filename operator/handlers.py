@@ -238,8 +238,12 @@ async def reconcile_once(
     memory.ignored = outcome.ignored_fields
     changes = st.changes(memory.status, outcome.status)
     if changes:
+        # The whole status this loop owns: a field it leaves out is removed.
+        owned = {**st.owned(memory.status), **outcome.status}
         try:
-            await api.patch_status(meta.get("namespace", ""), meta.get("name", ""), changes)
+            await api.apply_status(
+                meta.get("namespace", ""), meta.get("name", ""), owned, config.field_manager
+            )
         except ApiError as e:
             if not e.permanent:
                 raise

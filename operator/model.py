@@ -48,6 +48,11 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE]([+-])?(([0-9]+([.][0-9]*)?)|([.][0-9]+))))?$"
 )
 PERCENT_PATTERN = r"^[0-9]+%$"
+# Bounds on the string forms: the API server estimates a CEL rule's cost from
+# the longest string it may see, and an unbounded one is sized to the whole
+# request (3 MiB), which puts a `matches` near the per-rule limit.
+QUANTITY_MAX = 64
+PERCENT_MAX = 8
 # Service names become DNS labels (RFC 1035); the children carry the name as a
 # label value too, so both limits apply to the LLMService's own name.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -125,7 +130,7 @@ def _quantity(value: int | str | None) -> str | None:
     if value is None:
         return None
     text = str(value)
-    if not re.match(QUANTITY_PATTERN, text):
+    if len(text) > QUANTITY_MAX or not re.match(QUANTITY_PATTERN, text):
         raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)")
     return text
 
@@ -135,7 +140,7 @@ def _int_or_percent(value: int | str) -> int | str:
         if value < 0:
             raise ValueError("must not be negative")
         return value
-    if not re.match(PERCENT_PATTERN, value):
+    if len(value) > PERCENT_MAX or not re.match(PERCENT_PATTERN, value):
         raise ValueError(f"{value!r} is neither a count nor a percentage like '25%'")
     return value
 

@@ -383,6 +383,24 @@ def invalid(
     }
 
 
+# The status fields the sync loop writes (`compute`); the autoscaler and the
+# adapter loop write `autoscaling` and `adapters` under managers of their own.
+OWNED_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "updatedReplicas",
+    "selector",
+    "endpoint",
+    "conditions",
+)
+
+
+def owned(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The sync loop's part of a status."""
+    return {key: status[key] for key in OWNED_FIELDS if key in status}
+
+
 def changes(previous: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of `new` whose values differ from `previous` (a minimal status patch)."""
     return {key: value for key, value in new.items() if previous.get(key) != value}

@@ -85,6 +85,8 @@ def grants_of(request: Any) -> set[Grant]:
         return {Grant(verb, group, name)}
     headers = {k.lower(): v for k, v in dict(request.headers).items()}
     if method == "PATCH" and headers.get("content-type", "").startswith(APPLY):
+        if request.subresource:
+            return {Grant("patch", group, name)}  # a subresource's object must exist already
         # An apply that finds no object creates it: the API server checks both.
         return {Grant("patch", group, name), Grant("create", group, name)}
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]

@@ -110,3 +110,22 @@ def test_nested_objects_default_to_empty_so_inner_defaults_apply() -> None:
     for name in ("engine", "service", "rollout", "drain", "resources", "scheduling"):
         assert spec["properties"][name]["default"] == {}, name
     assert spec["required"] == ["model"]
+
+
+def test_every_cel_rule_is_estimated_well_under_the_api_servers_cost_limit() -> None:
+    root = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    costs = crd.rule_costs(root)
+    assert len(costs) >= 15  # every rule of the CRD was sized
+    for rule, cost in costs.items():
+        assert cost <= crd.PER_RULE_COST_LIMIT // 20, (rule, cost)
+
+
+def test_the_cost_estimate_sizes_unbounded_strings_to_the_whole_request() -> None:
+    quantity = f"type(self) == string ? self.matches('{crd.m.QUANTITY_PATTERN}') : self >= 0"
+    unbounded = crd.regex_cost(quantity, {"x-kubernetes-int-or-string": True})
+    assert unbounded > crd.PER_RULE_COST_LIMIT * 0.9  # what a quantity without maxLength costs
+    bounded = crd.regex_cost(quantity, {"x-kubernetes-int-or-string": True, "maxLength": 64})
+    assert bounded < 1000
+    listed = {"properties": {"args": {"maxItems": 8, "items": {"maxLength": 9}}}}
+    # ceil(0.1 * (9 + 1)) * ceil(0.25 * (3 + 1)) per item, 8 items
+    assert crd.regex_cost("self.args.all(a, a.matches('^x$'))", listed) == 8

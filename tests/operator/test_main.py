@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kubesim.apiserver import ApiServer
+from kubesim.apiserver import APPLY, ApiServer
 from kubesim.testing import (
     CONFIGMAPS,
     DEPLOYMENTS,
@@ -309,6 +309,37 @@ async def test_a_read_write_once_model_claim_with_replicas_is_degraded(
     assert obj(operator, DEPLOYMENTS, "chat")["spec"]["replicas"] == 2
     await patch(operator, path_of(LLMS, NS, "chat") + "/scale", {"spec": {"replicas": 1}})
     await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
+
+
+async def test_status_writes_keep_other_writers_conditions(operator: ApiServer) -> None:
+    await create(operator, llmservice())
+    await settled(operator)
+    # Another controller (a policy engine, a GitOps tool) adds a condition of its own.
+    theirs = {
+        "type": "PolicyCompliant",
+        "status": "True",
+        "reason": "Checked",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    await patch(
+        operator,
+        path_of(LLMS, NS, "chat") + "/status",
+        {
+            "apiVersion": "pagoda.dev/v1alpha1",
+            "kind": "LLMService",
+            "metadata": {"name": "chat", "namespace": NS},
+            "status": {"conditions": [theirs]},
+        },
+        APPLY,
+        fieldManager="policy-controller",
+        force="true",
+    )
+    # The operator's next status write: Ready turns True.
+    await create(operator, endpoint_slice("chat", ready=1))
+    await eventually(lambda: condition(operator, "chat", "Ready")["status"] == "True")
+    kinds = {c["type"] for c in obj(operator, LLMS, "chat")["status"]["conditions"]}
+    assert {"Ready", "Progressing", "Degraded", "PolicyCompliant"} <= kinds, kinds
 
 
 async def test_status_counts_come_from_the_deployment(operator: ApiServer) -> None:
