@@ -11,6 +11,14 @@ scale-up and scale-down settings become the HPA's `behavior`.
 `ignoreNullValues: "false"`: a query that returns nothing (Prometheus lost
 the pods) is an error, on which the HPA keeps the count, rather than a 0 that
 would scale down on missing data.
+
+With no pods there is nothing for those queries to read, so with
+`minReplicas: 0` they cannot wake the service: KEDA reads them as errors and
+the ScaledObject never activates. The demand at zero is the requests that
+the gateway in front of the pods holds while none can take them; a
+`held-requests` trigger on that series (absent reads as 0: no gateway, no
+demand) activates the ScaledObject, and KEDA takes it from 0 to 1 while the
+pods' own triggers report errors.
 """
 
 from __future__ import annotations
@@ -60,7 +68,20 @@ def queries(llms: LLMService) -> dict[str, str]:
     }
 
 
-def _trigger(name: str, server: str, query: str, threshold: float) -> dict[str, Any]:
+# Requests the gateway holds for an LLMService because no pod can take them
+# (pagoda.gateway exports it, labelled with the LLMService's namespace and name).
+HELD_REQUESTS_METRIC = "pagoda_gateway_held_requests"
+
+
+def held_requests_query(llms: LLMService) -> str:
+    """PromQL of the demand that exists with no pods: the gateway's held requests."""
+    labels = f'namespace="{llms.namespace}",llmservice="{llms.name}"'
+    return f"sum({HELD_REQUESTS_METRIC}{{{labels}}}) or vector(0)"
+
+
+def _trigger(
+    name: str, server: str, query: str, threshold: float, null_is_zero: bool = False
+) -> dict[str, Any]:
     return {
         "type": "prometheus",
         "name": name,
@@ -70,7 +91,7 @@ def _trigger(name: str, server: str, query: str, threshold: float) -> dict[str, 
             "query": query,
             "threshold": f"{threshold:g}",
             "activationThreshold": "0",
-            "ignoreNullValues": "false",
+            "ignoreNullValues": "true" if null_is_zero else "false",
         },
     }
 
@@ -114,6 +135,16 @@ def render_scaled_object(llms: LLMService) -> dict[str, Any]:
         )
     if auto.target_kv_cache_usage:
         triggers.append(_trigger("kv-cache-usage", server, q["kv"], auto.target_kv_cache_usage))
+    if auto.min_replicas == 0:
+        triggers.append(
+            _trigger(
+                "held-requests",
+                server,
+                held_requests_query(llms),
+                auto.target_queue_depth,
+                null_is_zero=True,
+            )
+        )
     return {
         "apiVersion": API_VERSION,
         "kind": KEDA_KIND,

@@ -100,7 +100,7 @@ def test_keda_scales_the_llmservice_on_the_same_signal_and_policy() -> None:
         "name": "chat",
     }
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 8)
-    ((trigger),) = spec["triggers"]
+    trigger, held = spec["triggers"]
     meta = trigger["metadata"]
     assert trigger["metricType"] == "AverageValue" and meta["threshold"] == "3"
     assert "vllm:num_requests_waiting" in meta["query"] and 'namespace="ml"' in meta["query"]
@@ -114,6 +114,22 @@ def test_keda_scales_the_llmservice_on_the_same_signal_and_policy() -> None:
         "Pods": 2,
     }
     assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (30, 300)
+    # At zero pods the gateway's held requests are the demand that wakes the service.
+    assert held["name"] == "held-requests" and held["metadata"]["threshold"] == "3"
+    assert 'llmservice="chat"' in held["metadata"]["query"]
+
+
+def test_only_a_service_that_may_scale_to_zero_reads_the_held_requests() -> None:
+    from_zero = render_scaled_object(keda_service(minReplicas=0))["spec"]["triggers"]
+    held = next(t for t in from_zero if t["name"] == "held-requests")
+    # No gateway (no series) is no demand, not an error that blocks activation.
+    assert held["metadata"]["query"].endswith("or vector(0)")
+    assert held["metadata"]["ignoreNullValues"] == "true"
+    assert held["metadata"]["activationThreshold"] == "0"
+    queue = next(t for t in from_zero if t["name"] == "queue-depth")
+    assert queue["metadata"]["ignoreNullValues"] == "false"
+    floor = render_scaled_object(keda_service(minReplicas=1))["spec"]["triggers"]
+    assert [t["name"] for t in floor] == ["queue-depth"]
 
 
 def test_the_scaled_object_is_a_child_only_in_keda_mode() -> None:
