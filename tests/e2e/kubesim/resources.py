@@ -24,6 +24,8 @@ BUILT_IN: dict[str, dict[str, Any]] = {
     "v1/persistentvolumeclaims": {"kind": "PersistentVolumeClaim", "namespaced": True},
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
     "v1/events": {"kind": "Event", "namespaced": True},
+    # The operator's replicas elect their leader on a Lease.
+    "coordination.k8s.io/v1/leases": {"kind": "Lease", "namespaced": True},
     # kopf's backbone: it discovers namespaces (never lists them cluster-wide)
     # and watches CRDs to notice new resources.
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
