@@ -71,8 +71,8 @@ class LeaseRecord:
         return cls(
             holder=spec.get("holderIdentity") or "",
             lease_duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
-            acquire_time=spec.get("acquireTime"),
-            renew_time=spec.get("renewTime"),
+            acquire_time=_normalized(spec.get("acquireTime")),
+            renew_time=_normalized(spec.get("renewTime")),
             lease_transitions=int(spec.get("leaseTransitions") or 0),
         )
 
@@ -105,6 +105,20 @@ def observe(previous: Observed | None, record: LeaseRecord, now: float) -> Obser
 def micro_time(when: datetime.datetime) -> str:
     """A MicroTime as the API server writes it: RFC 3339 with microseconds, in UTC."""
     return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _normalized(stamp: Any) -> str | None:
+    """A MicroTime in one spelling, so that equal times compare equal.
+
+    The official client sends its own (an ISO offset instead of Z), and API
+    servers differ in how many fractional digits they keep.
+    """
+    if not stamp:
+        return None
+    try:
+        return micro_time(datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")))
+    except ValueError:
+        return str(stamp)  # unreadable: kept as is, still compared as written
 
 
 class Verdict(enum.Enum):

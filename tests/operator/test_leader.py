@@ -99,6 +99,14 @@ def test_a_record_round_trips_through_the_lease_spec() -> None:
     assert LeaseRecord.from_lease({"metadata": {"name": "x"}}) == LeaseRecord()
 
 
+def test_times_read_back_in_another_spelling_are_the_same_record() -> None:
+    # The official client sends an offset; an API server may keep fewer digits.
+    spec = {"holderIdentity": "a", "acquireTime": "2026-11-27T03:00:00.123456+00:00"}
+    assert LeaseRecord.from_lease({"spec": spec}).acquire_time == STAMP
+    spec = {"holderIdentity": "a", "renewTime": "2026-11-27T02:59:00Z"}
+    assert LeaseRecord.from_lease({"spec": spec}).renew_time == EARLIER
+
+
 def test_micro_time_is_rfc3339_with_microseconds_in_utc() -> None:
     cest = datetime.timezone(datetime.timedelta(hours=2))
     assert micro_time(WALL.astimezone(cest)) == STAMP
