@@ -54,12 +54,6 @@ KEDA: dict[str, dict[str, Any]] = {
     },
 }
 
-KOPF_PEERING: dict[str, dict[str, Any]] = {
-    "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
-    "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
-}
-
-
 ALL_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -68,6 +62,6 @@ def declare(server: kmock.KubernetesEmulator, *groups: dict[str, dict[str, Any]]
 
     Discovery must list the verbs: kopf watches only what says `watch`.
     """
-    for group in groups or (BUILT_IN, PAGODA, KEDA, KOPF_PEERING):
+    for group in groups or (BUILT_IN, PAGODA, KEDA):
         for key, info in group.items():
             server.resources[key] = {"verbs": ALL_VERBS, **info}
