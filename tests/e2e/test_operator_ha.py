@@ -18,7 +18,7 @@ from kubesim.apiserver import ApiServer
 from kubesim.cluster import Cluster
 from kubesim.operator import OperatorThread
 from kubesim.testing import llmservice, requests_to
-from pagoda.operator.cli import Options
+from pagoda.operator.cli import LeadershipLost, Options
 
 from .conftest import CONFIG
 
@@ -107,3 +107,21 @@ async def test_a_leader_that_stops_hands_the_lease_to_the_standby_at_once(
             assert lease(node)["leaseTransitions"] == 1
             await reconciled(node, "after")
         assert first.error is None and second.error is None
+
+
+async def test_a_leader_that_cannot_renew_stops_and_exits_with_an_error(node: Cluster) -> None:
+    config = dataclasses.replace(
+        CONFIG,
+        lease_namespace=LEASE_NAMESPACE,
+        lease_duration_seconds=3.0,
+        renew_deadline_seconds=2.0,
+        retry_period_seconds=0.5,
+    )
+    async with OperatorThread(config, ELECTED) as leader:
+        await reconciled(node, "before")
+        node.api.fail("PUT", r"/leases/", 503)  # the API server refuses every renewal
+        # Its handlers stop and the process ends, so the pod restarts as a standby.
+        await node.wait_for(lambda: not leader.is_alive, 30, "the leader gone")
+        assert isinstance(leader.error, LeadershipLost)
+        # It stopped leading without releasing: the Lease still names it.
+        assert lease(node)["holderIdentity"]
