@@ -66,6 +66,7 @@ KINDS: dict[str, Kind] = {
     "EndpointSlice": Kind(
         "discovery.k8s.io/v1", "endpointslices", "DiscoveryV1Api", "endpoint_slice"
     ),
+    "Lease": Kind("coordination.k8s.io/v1", "leases", "CoordinationV1Api", "lease"),
 }
 
 
@@ -246,6 +247,31 @@ class KubeApi:
             field_manager=field_manager,
             force=True,
             _content_type=APPLY_PATCH,
+            target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
+        )
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the object (409 AlreadyExists if it does); returns it as stored."""
+        meta = obj["metadata"]
+        return await self._json(
+            self._method(obj["kind"], "create"),
+            meta["namespace"],
+            dict(obj),
+            target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
+        )
+
+    async def replace(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Update the whole object (PUT); returns it as stored.
+
+        With `metadata.resourceVersion` set, the API server refuses the write
+        (409 Conflict) if the object changed since that version was read.
+        """
+        meta = obj["metadata"]
+        return await self._json(
+            self._method(obj["kind"], "replace"),
+            meta["name"],
+            meta["namespace"],
+            dict(obj),
             target=f"{obj['kind']} {meta['namespace']}/{meta['name']}",
         )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from pagoda.operator.leader import Timing
 from pagoda.operator.model import ResourcesSpec
 from pydantic import TypeAdapter, ValidationError
 
@@ -49,6 +50,27 @@ class OperatorConfig:
     # How often the adapter loop checks each ready pod's adapters once they
     # match the spec; while they do not, it checks every second.
     adapter_sync_seconds: float = 10.0
+    # Leader election among the operator's replicas: the Lease (its namespace
+    # empty: the operator pod's own) and client-go's timing (see leader.py).
+    lease_name: str = "pagoda-operator"
+    lease_namespace: str = ""
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        try:
+            self.lease_timing()
+        except ValueError as e:
+            raise ConfigError(f"leader election: {e}") from e
+
+    def lease_timing(self) -> Timing:
+        """The leader election's durations."""
+        return Timing(
+            lease_duration=self.lease_duration_seconds,
+            renew_deadline=self.renew_deadline_seconds,
+            retry_period=self.retry_period_seconds,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -63,6 +85,11 @@ class OperatorConfig:
             profiles=load_profiles(Path(profiles_file)) if profiles_file else {},
             resync_seconds=_positive(env, "PAGODA_OPERATOR_RESYNC_SECONDS", 30.0),
             adapter_sync_seconds=_positive(env, "PAGODA_OPERATOR_ADAPTER_SYNC_SECONDS", 10.0),
+            lease_name=env.get("PAGODA_OPERATOR_LEASE_NAME", "pagoda-operator"),
+            lease_namespace=env.get("PAGODA_OPERATOR_LEASE_NAMESPACE", ""),
+            lease_duration_seconds=_positive(env, "PAGODA_OPERATOR_LEASE_DURATION_SECONDS", 15.0),
+            renew_deadline_seconds=_positive(env, "PAGODA_OPERATOR_RENEW_DEADLINE_SECONDS", 10.0),
+            retry_period_seconds=_positive(env, "PAGODA_OPERATOR_RETRY_PERIOD_SECONDS", 2.0),
         )
 
 

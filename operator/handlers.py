@@ -1,6 +1,6 @@
 """What each kopf handler does, in plain functions; main.py only wires decorators.
 
-One sync loop per LLMService (a kopf daemon) owns everything that object
+One sync loop per LLMService (loops.py) owns everything that object
 needs: it reconciles when woken by a watch event of the LLMService or of one of
 its children, and every `resync_seconds` as a safety net. Being the only
 writer of its object's children and status, it needs no lock, and it knows
@@ -32,6 +32,7 @@ from pagoda.operator.autoscaler import Autoscaler, Health
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.errors import ApiError, Backoff
 from pagoda.operator.llmservice import InvalidSpec, builtin_autoscaling, parse
+from pagoda.operator.loops import Loop, Loops
 from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL, selector_labels
 from pagoda.operator.scrape import HttpFetch
 from pagoda.operator.triggers import SERVICE_NAME_LABEL, Key, Triggers, owner_key
@@ -50,7 +51,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    # Our own annotations and finalizer, not kopf's defaults.
+    # Our own annotations, not kopf's defaults. No handler needs a finalizer,
+    # so kopf adds none; naming the one earlier versions added makes kopf
+    # remove it from the objects that still carry it.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -71,6 +74,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     memo.setdefault("adapters", {})
     # Wake-ups of the adapter loops: a new spec, a pod that changed.
     memo.setdefault("adapter_triggers", Triggers())
+    # The per-LLMService loops; their warnings become Events, as kopf's daemons' do.
+    memo.setdefault(
+        "loops",
+        Loops(
+            LOOPS,
+            logger_for=lambda body: kopf.ObjectLogger(body=kopf.Body(body), settings=settings),
+        ),
+    )
 
 
 def child_selector(resource: Sequence[str]) -> str:
@@ -143,6 +154,11 @@ def llmservice_changed(body: Mapping[str, Any], memo: kopf.Memo) -> None:
         memo["adapter_triggers"].poke_if_new_generation(key, meta.get("generation"))
 
 
+def run_loops(event_type: str | None, body: Mapping[str, Any], memo: kopf.Memo) -> None:
+    """An LLMService's watch event: start or stop its loops to match (see loops.py)."""
+    memo["loops"].observe(event_type, body, memo)
+
+
 async def _woken(event: asyncio.Event | None, stopped: Any, timeout: float) -> str:
     """Wait for a wake-up (unless `event` is None), a stop or the timeout; say which came first."""
     waiters = {asyncio.ensure_future(stopped.wait())}
@@ -169,7 +185,7 @@ class Memory:
 
 
 async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
-    """The sync loop of one LLMService, until kopf stops it (deletion or shutdown)."""
+    """The sync loop of one LLMService, until it is stopped (deletion or shutdown)."""
     config: OperatorConfig = memo["config"]
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
@@ -182,7 +198,7 @@ async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: A
         while not stopped:
             wake.event.clear()
             if (body.get("metadata") or {}).get("deletionTimestamp"):
-                break  # being deleted: kopf stops this loop; children go with their owner
+                break  # being deleted: children go with their owner
             generation = (body.get("metadata") or {}).get("generation")
             try:
                 await reconcile_once(body, memo, memory, logger, trigger)
@@ -259,7 +275,7 @@ async def reconcile_once(
 
 
 def wants_autoscaler(spec: Mapping[str, Any]) -> bool:
-    """Whether a raw spec asks for the built-in autoscaler (kopf's filter of its daemon).
+    """Whether a raw spec asks for the built-in autoscaler (the filter of its loop).
 
     Read from the raw spec, before validation: an invalid spec still gets its
     loop, which holds until the sync loop's InvalidSpec condition is fixed.
@@ -333,7 +349,7 @@ async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: An
 
 
 def wants_adapters(spec: Mapping[str, Any]) -> bool:
-    """Whether a raw spec turns LoRA on (kopf's filter of the adapter loop)."""
+    """Whether a raw spec turns LoRA on (the filter of the adapter loop)."""
     return spec.get("lora") is not None or bool(spec.get("adapters"))
 
 
@@ -400,7 +416,9 @@ async def keep_adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: 
 
 
 async def cleanup(memo: kopf.Memo) -> None:
-    """Close our connection pools on shutdown."""
+    """Stop the loops, then close our connection pools (shutdown)."""
+    if "loops" in memo:
+        await memo["loops"].stop_all()
     api = memo.get("api")
     if api is not None:
         api.close()
@@ -408,3 +426,11 @@ async def cleanup(memo: kopf.Memo) -> None:
         close = getattr(client, "close", None)
         if close is not None:
             await close()
+
+
+# The loops of one LLMService; each runs while its spec asks for it.
+LOOPS = (
+    Loop("sync", keep_in_sync),
+    Loop("autoscale", keep_scaled, wants_autoscaler),
+    Loop("adapters", keep_adapters, wants_adapters),
+)

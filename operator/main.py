@@ -1,12 +1,14 @@
 """The kopf handlers of the Pagoda operator: decorators only, the work is elsewhere.
 
-Each LLMService gets one sync loop (a daemon) that reconciles on start, when
-the LLMService's spec changes, when one of its children changes (the owned
-kinds are watched and each event is mapped to its owner) and, as a safety
-net, every `resync_seconds` of the operator's configuration. One with
-`spec.autoscaling` (built-in mode) gets a second daemon, its autoscaler,
-which kopf starts and stops as the spec asks for it or not; one with LoRA
-(`spec.lora` or `spec.adapters`) gets its adapter loop the same way.
+Each LLMService gets one sync loop that reconciles on start, when the
+LLMService's spec changes, when one of its children changes (the owned kinds
+are watched and each event is mapped to its owner) and, as a safety net,
+every `resync_seconds` of the operator's configuration. One with
+`spec.autoscaling` (built-in mode) gets a second loop, its autoscaler, started
+and stopped as the spec asks for it or not; one with LoRA (`spec.lora` or
+`spec.adapters`) gets its adapter loop the same way. The loops are started
+from the LLMService's watch events (loops.py), not as kopf daemons, so the
+LLMServices carry no finalizer.
 Run with `pagoda-operator` (see cli.py) or `kopf run -m pagoda.operator.main`.
 """
 
@@ -48,29 +50,10 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     return handlers.login(memo)
 
 
-@kopf.daemon(*LLMS, id="sync", cancellation_timeout=10.0)
-async def sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
-    await handlers.keep_in_sync(body, memo, stopped, logger)
-
-
-@kopf.daemon(
-    *LLMS,
-    id="autoscale",
-    cancellation_timeout=10.0,
-    when=lambda spec, **_: handlers.wants_autoscaler(spec),
-)
-async def autoscale(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
-    await handlers.keep_scaled(body, memo, stopped, logger)
-
-
-@kopf.daemon(
-    *LLMS,
-    id="adapters",
-    cancellation_timeout=10.0,
-    when=lambda spec, **_: handlers.wants_adapters(spec),
-)
-async def adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any, **_: Any) -> None:
-    await handlers.keep_adapters(body, memo, stopped, logger)
+@kopf.on.event(*LLMS, id="loops")
+async def loops(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # Async: the loops' tasks must start in kopf's event loop.
+    handlers.run_loops(type, body, memo)
 
 
 @kopf.on.event(*LLMS, id="spec-changed")

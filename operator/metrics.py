@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -40,6 +40,15 @@ SCRAPE_FAILURES = Counter(
     "Reads of a ready runtime pod's /metrics that failed, by reason (Timeout, "
     "Unreachable, HTTPError, Malformed). Such a pod is skipped, not counted as idle.",
     ["reason"],
+    registry=REGISTRY,
+)
+
+LEADER = Gauge(
+    "pagoda_operator_leader",
+    "1 while this instance holds the operator's Lease and runs the handlers, 0 while it "
+    "stands by. Summed over the replicas it is 1; 0 for longer than the lease duration "
+    "means no operator is working.",
+    ["lease"],
     registry=REGISTRY,
 )
 

@@ -1,6 +1,6 @@
 """Wake-up calls: a watch event on a child reaches the loop of the LLMService that owns it.
 
-Each LLMService has one sync loop (a kopf daemon) that reconciles when woken
+Each LLMService has one sync loop (loops.py) that reconciles when woken
 and, as a safety net, every `resync_seconds`. The operator watches the kinds
 it owns (Deployments, Services, ConfigMaps, PodDisruptionBudgets, the runtime
 pods and the Service's EndpointSlices); `owner_key` maps each event to the

@@ -21,10 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pagoda"
 K8S_VERSION = "1.30"
 
-NAMESPACED = {"watchNamespaces": ["team-a", "team-b"], "peering": {"enabled": True, "name": "llm"}}
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"], "leaderElection": {"leaseName": "llm"}}
 NON_DEFAULT: dict[str, Any] = {
     "watchNamespaces": ["team-a"],
-    "peering": {"enabled": False},
+    "replicaCount": 1,
+    "leaderElection": {"enabled": False},
     "crds": {"enabled": False},
     "metrics": {"enabled": False},
     "serviceAccount": {"create": False, "name": "existing"},
@@ -102,10 +103,29 @@ def test_lint_passes(helm: Path, tmp_path: Path, values: dict[str, Any] | None) 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+NETWORK_POLICY: dict[str, Any] = {
+    "watchNamespaces": ["team-a", "team-b"],
+    "networkPolicy": {
+        "enabled": True,
+        "gateway": {"enabled": True, "namespaces": ["gateway"]},
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "openaiFrom": [{"namespaceSelector": {"matchLabels": {"pagoda.dev/clients": "true"}}}],
+    },
+}
+
+
 @pytest.mark.parametrize(
     "values",
-    [None, NAMESPACED, NON_DEFAULT, {"monitoring": {"podMonitor": {"enabled": True}}}],
-    ids=["default", "namespaced", "non-default", "pod-monitor"],
+    [
+        None,
+        NAMESPACED,
+        NON_DEFAULT,
+        {"monitoring": {"podMonitor": {"enabled": True}}},
+        NETWORK_POLICY,
+    ],
+    ids=["default", "namespaced", "non-default", "pod-monitor", "network-policy"],
 )
 def test_every_rendered_object_is_valid(
     helm: Path, tmp_path: Path, values: dict[str, Any] | None
@@ -138,14 +158,57 @@ def test_crds_can_be_left_to_the_user(helm: Path, tmp_path: Path) -> None:
     )
 
 
-def test_operator_runs_once_with_recreate(helm: Path, tmp_path: Path) -> None:
-    (deployment,) = by_kind(template(helm, tmp_path), "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+def test_two_replicas_elect_a_leader_and_roll_out_without_a_gap(helm: Path, tmp_path: Path) -> None:
+    objects = template(helm, tmp_path)
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    # New pods come up as standbys before an old one (maybe the leader) goes.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    container = pod["containers"][0]
     assert container["image"] == "ghcr.io/pagoda-llm/pagoda-operator:0.1.0"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    (pdb,) = by_kind(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]},
+    }
+
+
+def test_one_replica_without_the_lease_is_recreated_and_has_no_pdb(
+    helm: Path, tmp_path: Path
+) -> None:
+    objects = template(helm, tmp_path, NON_DEFAULT)
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+    # A PDB that one pod cannot satisfy would block every node drain.
+    assert not by_kind(objects, "PodDisruptionBudget")
+    assert not [r for r in by_kind(objects, "Role") if "leader-election" in r["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"leaderElection": {"enabled": False}}, "replicaCount > 1 needs leaderElection"),
+        ({"podDisruptionBudget": {"minAvailable": 2}}, "minAvailable must be below replicaCount"),
+        ({"networkPolicy": {"enabled": True}}, "networkPolicy.enabled needs"),
+    ],
+    ids=["replicas-without-lease", "pdb-blocks-drains", "policy-without-namespaces"],
+)
+def test_values_that_cannot_work_fail_the_render(
+    helm: Path, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    result = run_helm(helm, "template", "pagoda", str(CHART), values=values, tmp=tmp_path)
+    assert result.returncode != 0 and message in result.stderr
 
 
 def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,7 +218,7 @@ def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_arguments_are_what_pagoda_operator_accepts(helm: Path, tmp_path: Path) -> None:
     default = parse_args(operator_container(template(helm, tmp_path))["args"])
-    assert default.clusterwide and default.peering == "pagoda-operator" and not default.standalone
+    assert default.clusterwide and not default.standalone
     assert default.metrics_port == 9090 and default.liveness == "http://0.0.0.0:8080/healthz"
     scoped = parse_args(operator_container(template(helm, tmp_path, NON_DEFAULT))["args"])
     assert scoped.namespaces == ("team-a",) and scoped.standalone
@@ -173,6 +236,26 @@ def test_environment_is_what_the_operator_reads(helm: Path, tmp_path: Path) -> N
     assert config.runtime_image == "my.registry/pagoda-runtime:dev"
     assert config.resync_seconds == 10
     assert config.profiles["tiny"].memory == "2Gi"
+
+
+def test_leader_election_environment_is_what_the_operator_reads(helm: Path, tmp_path: Path) -> None:
+    values = {"leaderElection": {"leaseName": "llm", "leaseDurationSeconds": 30}}
+    env: dict[str, str] = {}
+    for entry in operator_container(template(helm, tmp_path, values))["env"]:
+        if "valueFrom" in entry:
+            # The downward API: the pod's own name and namespace.
+            field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            env[entry["name"]] = {"metadata.name": "pagoda-7d9c-x2x4q", "metadata.namespace": "ns"}[
+                field
+            ]
+        else:
+            env[entry["name"]] = entry["value"]
+    assert env.pop("POD_NAME") == "pagoda-7d9c-x2x4q"
+    env.pop("PAGODA_OPERATOR_PROFILES_FILE")  # read in the test above
+    config = OperatorConfig.from_env(env)
+    assert (config.lease_name, config.lease_namespace) == ("llm", "ns")
+    timing = config.lease_timing()
+    assert (timing.lease_duration, timing.renew_deadline, timing.retry_period) == (30, 10, 2)
 
 
 def test_default_profiles_are_valid_for_the_operator(helm: Path, tmp_path: Path) -> None:
@@ -200,41 +283,57 @@ def test_rbac_is_least_privilege(helm: Path, tmp_path: Path) -> None:
                 assert rule["verbs"] == ["get"]  # existence checks only: no list, no watch
 
 
-def test_cluster_wide_rbac_is_one_cluster_role(helm: Path, tmp_path: Path) -> None:
+def leader_election_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-election")]
+    return role
+
+
+def test_cluster_wide_rbac_is_one_cluster_role_and_the_lease_role(
+    helm: Path, tmp_path: Path
+) -> None:
     objects = template(helm, tmp_path)
-    assert not by_kind(objects, "Role")
     resources = {r for rule in rules(objects, "ClusterRole") for r in rule["resources"]}
-    assert {
-        "llmservices",
-        "deployments",
-        "clusterkopfpeerings",
-        "customresourcedefinitions",
-    } <= resources
-    (peering,) = by_kind(objects, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "pagoda-operator"
+    assert {"llmservices", "deployments", "customresourcedefinitions"} <= resources
+    assert not {"clusterkopfpeerings", "kopfpeerings", "leases"} & resources
+    (role,) = by_kind(objects, "Role")
+    assert role == leader_election_role(objects)
+
+
+def test_the_lease_is_granted_in_the_release_namespace_only(helm: Path, tmp_path: Path) -> None:
+    objects = template(helm, tmp_path, NAMESPACED)
+    role = leader_election_role(objects)
+    assert role["metadata"]["namespace"] == "pagoda-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["llm"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    (binding,) = [
+        b
+        for b in by_kind(objects, "RoleBinding")
+        if b["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    assert binding["metadata"]["namespace"] == "pagoda-system"
+    assert binding["subjects"][0]["name"] == "pagoda"
 
 
 def test_namespaced_rbac_is_a_role_per_namespace(helm: Path, tmp_path: Path) -> None:
     objects = template(helm, tmp_path, NAMESPACED)
-    assert sorted(r["metadata"]["namespace"] for r in by_kind(objects, "Role")) == [
-        "team-a",
-        "team-b",
-    ]
-    assert sorted(b["metadata"]["namespace"] for b in by_kind(objects, "RoleBinding")) == [
-        "team-a",
-        "team-b",
-    ]
+    served = [r for r in by_kind(objects, "Role") if r != leader_election_role(objects)]
+    assert sorted(r["metadata"]["namespace"] for r in served) == ["team-a", "team-b"]
+    bindings = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == "pagoda"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     cluster = {r for rule in rules(objects, "ClusterRole") for r in rule["resources"]}
     assert cluster == {
         "customresourcedefinitions",
         "namespaces",
     }  # nothing namespaced, cluster-wide
-    assert [p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")] == [
-        "team-a",
-        "team-b",
-    ]
     args = operator_container(objects)["args"]
-    assert "--namespace=team-a" in args and "--peering=llm" in args
+    assert "--namespace=team-a" in args and "--standalone" not in args
 
 
 @pytest.mark.parametrize(
@@ -246,8 +345,11 @@ def test_namespaced_rbac_is_a_role_per_namespace(helm: Path, tmp_path: Path) -> 
         {"profiles": {"big": {"gpus": "four"}}},
         {"profiles": {"big": {"memory": "lots"}}},
         {"metrics": {"port": 8080}},
-        {"replicaCount": 3},
+        {"replicas": 3},
         {"image": {"pullPolicy": "Sometimes", "repository": "x"}},
+        {"replicaCount": 0},
+        {"leaderElection": {"leaseDurationSeconds": 0}},
+        {"networkPolicy": {"ports": {"admin": "Admin_Port"}}},
     ],
     ids=[
         "namespace",
@@ -258,6 +360,9 @@ def test_namespaced_rbac_is_a_role_per_namespace(helm: Path, tmp_path: Path) -> 
         "port-clash",
         "unknown-key",
         "pull-policy",
+        "no-replicas",
+        "lease-duration",
+        "port-name",
     ],
 )
 def test_bad_values_are_rejected_by_the_schema(
@@ -315,26 +420,95 @@ def test_nothing_is_a_hook_so_uninstall_removes_everything_it_installed(
 ) -> None:
     objects = template(helm, tmp_path, values, include_crds=True)
     assert hooks(objects) == []
-    assert by_kind(objects, "ClusterKopfPeering") or by_kind(objects, "KopfPeering")
 
 
-def test_kopfs_peering_crds_are_helm_crds_installed_first_and_never_collide(
+def test_kopfs_peering_is_not_installed(helm: Path, tmp_path: Path) -> None:
+    # kopf's peering pauses every peer of equal priority: the replicas elect
+    # their leader on a Lease instead, and the chart carries no peering CRDs.
+    assert not (CHART / "crds").exists()
+    for values in (None, NAMESPACED):
+        objects = template(helm, tmp_path, values, include_crds=True)
+        assert not [o for o in objects if o["apiVersion"].startswith("kopf.dev/")]
+        names = {o["metadata"]["name"] for o in by_kind(objects, "CustomResourceDefinition")}
+        assert names == {"llmservices.pagoda.dev"}
+
+
+def network_policies(values: dict[str, Any], helm: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    return by_kind(template(helm, tmp_path, values), "NetworkPolicy")
+
+
+def test_no_network_policy_unless_asked(helm: Path, tmp_path: Path) -> None:
+    assert not network_policies({}, helm, tmp_path)
+    assert not network_policies(NAMESPACED, helm, tmp_path)
+
+
+def test_network_policy_lets_only_the_operator_and_gateway_reach_admin_and_metrics(
     helm: Path, tmp_path: Path
 ) -> None:
-    # Helm's crds/ folder: installed before the templates (the peering object
-    # needs them), skipped when another kopf-based chart already installed
-    # them, never deleted on uninstall.
-    assert {p.name for p in (CHART / "crds").iterdir()} == {"kopf-peering.yaml"}
-    names = {
-        o["metadata"]["name"]
-        for o in template(helm, tmp_path, include_crds=True)
-        if o["kind"] == "CustomResourceDefinition"
+    policies = network_policies(NETWORK_POLICY, helm, tmp_path)
+    assert [p["metadata"]["namespace"] for p in policies] == ["team-a", "team-b"]
+    spec = policies[0]["spec"]
+    assert spec["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "pagoda-runtime",
+        "app.kubernetes.io/managed-by": "pagoda-operator",
     }
-    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"} <= names
-    templated = {
-        o["metadata"]["name"] for o in by_kind(template(helm, tmp_path), "CustomResourceDefinition")
+    assert spec["policyTypes"] == ["Ingress"]
+    control, openai = spec["ingress"]
+    # The admin port by name (8001 in the runtime pods); /metrics is on the OpenAI port.
+    assert control["ports"] == [
+        {"port": "admin", "protocol": "TCP"},
+        {"port": "http", "protocol": "TCP"},
+    ]
+    operator, gateway, monitoring = control["from"]
+    assert operator == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pagoda-system"}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "pagoda-operator",
+                "app.kubernetes.io/instance": "pagoda",
+            }
+        },
     }
-    assert templated == {"llmservices.pagoda.dev"}
+    (deployment,) = by_kind(template(helm, tmp_path, NETWORK_POLICY), "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert operator["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert gateway == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "pagoda-gateway"}},
+    }
+    assert monitoring == NETWORK_POLICY["networkPolicy"]["metricsFrom"][0]
+    assert openai == {
+        "ports": [{"port": "http", "protocol": "TCP"}],
+        "from": NETWORK_POLICY["networkPolicy"]["openaiFrom"],
+    }
+
+
+def test_network_policy_leaves_the_openai_port_open_by_default(helm: Path, tmp_path: Path) -> None:
+    values = {"watchNamespaces": ["team-a"], "networkPolicy": {"enabled": True}}
+    (policy,) = network_policies(values, helm, tmp_path)
+    control, openai = policy["spec"]["ingress"]
+    assert len(control["from"]) == 1  # the operator only: no gateway, no scraper
+    assert openai == {"ports": [{"port": "http", "protocol": "TCP"}]}  # no `from`: everyone
+
+
+def test_network_policy_with_metrics_on_their_own_port_gives_the_gateway_the_openai_port(
+    helm: Path, tmp_path: Path
+) -> None:
+    values = {
+        "networkPolicy": {
+            "enabled": True,
+            "namespaces": ["llm"],
+            "ports": {"openai": "http", "admin": "admin", "metrics": 8002},
+            "gateway": {"enabled": True},
+        },
+    }
+    (policy,) = network_policies(values, helm, tmp_path)
+    control, _ = policy["spec"]["ingress"]
+    assert [p["port"] for p in control["ports"]] == ["admin", 8002, "http"]
+    assert control["from"][1] == {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "pagoda-gateway"}},
+    }
 
 
 def test_the_chart_works_as_a_subchart_with_global_values(helm: Path, tmp_path: Path) -> None:

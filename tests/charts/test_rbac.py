@@ -2,9 +2,9 @@
 
 The operator (kopf and the official client) runs against the simulated API
 server through a scenario that exercises every code path that talks to the
-API: peering, creating children of an LLMService with a Secret and a claim to
-check, scaling (which deletes the PodDisruptionBudget), status, Events, and
-deletion. Every request it made becomes a (verb, group, resource) triple, and
+API: leader election on its Lease, removing the finalizer earlier versions
+added, creating children of an LLMService with a Secret and a claim to check, scaling (which deletes the PodDisruptionBudget),
+status, Events, and deletion. Every request it made becomes a (verb, group, resource) triple, and
 the roles the chart renders must grant exactly those: every one of them, and
 nothing else except the few grants listed below with the reason each is
 needed although no request shows it.
@@ -40,11 +40,14 @@ from kubesim.testing import (
 )
 from pagoda.operator.cli import Options
 from pagoda.operator.config import OperatorConfig
+from pagoda.operator.handlers import FINALIZER
 from pagoda.operator.render.labels import OWNER_LABEL
 
 from .test_pagoda import by_kind, template
 
-PEERING = "pagoda-operator"
+# The release's namespace, where the operator's Lease lives.
+RELEASE_NAMESPACE = "pagoda-system"
+LEASE_RESOURCES = {"leases"}
 SCALEDOBJECTS = "keda.sh/v1alpha1/scaledobjects"
 
 
@@ -68,7 +71,7 @@ NAMESPACED_ONLY = {Grant("list", "", "namespaces"), Grant("watch", "", "namespac
 # Read where allowed: cluster-wide the operator gets no Secret access and
 # skips the API key check (a missing Secret shows on the pods instead).
 SECRETS = {Grant("get", "", "secrets")}
-CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
+CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
 def grants_of(request: Any) -> set[Grant]:
@@ -139,13 +142,6 @@ async def _record() -> set[Grant]:
 
 
 async def _scenario(server: ApiServer) -> None:
-    peering = {
-        "apiVersion": "kopf.dev/v1",
-        "kind": "ClusterKopfPeering",
-        "metadata": {"name": PEERING},
-    }
-    async with server.post("/apis/kopf.dev/v1/clusterkopfpeerings", json=peering) as response:
-        assert response.status < 300
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": NS}}
     await create(server, {**secret, "data": {"api-key": "c2VjcmV0"}})
     claim = {
@@ -154,9 +150,21 @@ async def _scenario(server: ApiServer) -> None:
         "metadata": {"name": "models", "namespace": NS},
     }
     await create(server, claim)
-    options = Options(peering=PEERING, liveness=None, metrics_port=None)
-    config = OperatorConfig(resync_seconds=0.5, settle_seconds=0.05)
+    # Left by an operator version that ran kopf daemons: removed on start.
+    upgraded = llmservice("upgraded", replicas=0)
+    upgraded["metadata"]["finalizers"] = [FINALIZER]
+    await create(server, upgraded)
+    options = Options(liveness=None, metrics_port=None)  # elects itself on the Lease
+    config = OperatorConfig(
+        resync_seconds=0.5,
+        settle_seconds=0.05,
+        lease_namespace=RELEASE_NAMESPACE,
+        lease_duration_seconds=3.0,
+        renew_deadline_seconds=2.0,
+        retry_period_seconds=0.2,  # renewals (updates) within the scenario
+    )
     async with OperatorThread(config, options):
+        await eventually(lambda: not obj(server, LLMS, "upgraded")["metadata"].get("finalizers"))
         body = llmservice(replicas=2, model="pvc://models/llama", apiKeySecretRef={"name": "keys"})
         await create(server, body)
         await eventually(lambda: exists(server, PDBS, "chat"), timeout=20)
@@ -233,6 +241,28 @@ def test_the_scenario_exercised_every_kind_of_call(calls: set[Grant]) -> None:
         ("get", "secrets"),
         ("create", "events"),
     } <= verbs
+    assert {("get", "leases"), ("create", "leases"), ("update", "leases")} <= verbs
+
+
+def lease_calls(calls: set[Grant]) -> set[Grant]:
+    return {g for g in calls if g.resource in LEASE_RESOURCES}
+
+
+def leader_election_role(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-election")]
+    return role
+
+
+@pytest.mark.parametrize("values", [None, {"watchNamespaces": [NS]}], ids=["cluster", "scoped"])
+def test_the_lease_role_grants_exactly_the_leader_elections_calls(
+    calls: set[Grant], helm: Path, tmp_path: Path, values: dict[str, Any] | None
+) -> None:
+    objects = template(helm, tmp_path, values)
+    role = leader_election_role(objects)
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert granted([role]) == lease_calls(calls)
+    others = [r for r in by_kind(objects, "Role") + by_kind(objects, "ClusterRole") if r != role]
+    assert not {g.resource for g in granted(others)} & LEASE_RESOURCES
 
 
 def test_cluster_wide_rbac_grants_what_the_operator_calls_and_nothing_else(
@@ -240,7 +270,8 @@ def test_cluster_wide_rbac_grants_what_the_operator_calls_and_nothing_else(
 ) -> None:
     objects = template(helm, tmp_path)
     have = granted(by_kind(objects, "ClusterRole"))
-    assert not by_kind(objects, "Role")
+    assert by_kind(objects, "Role") == [leader_election_role(objects)]
+    calls = calls - lease_calls(calls)  # granted by their own Role (test above)
     missing = calls - SECRETS - have
     assert not missing, f"calls the chart does not grant: {sorted(missing)}"
     extra = have - calls - set(IMPLIED)
@@ -256,15 +287,11 @@ def test_namespaced_rbac_grants_the_same_per_namespace(
     calls: set[Grant], helm: Path, tmp_path: Path
 ) -> None:
     objects = template(helm, tmp_path, {"watchNamespaces": [NS, "team-b"]})
-    # kopf's peering object is namespaced in this mode.
-    wanted = {
-        Grant(
-            g.verb, g.group, "kopfpeerings" if g.resource == "clusterkopfpeerings" else g.resource
-        )
-        for g in calls | set(IMPLIED)
-    }
+    wanted = (calls - lease_calls(calls)) | set(IMPLIED)
     cluster_role = granted(by_kind(objects, "ClusterRole"))
-    for role in by_kind(objects, "Role"):
+    served = [r for r in by_kind(objects, "Role") if r != leader_election_role(objects)]
+    assert sorted(r["metadata"]["namespace"] for r in served) == sorted([NS, "team-b"])
+    for role in served:
         have = granted([role]) | cluster_role
         missing = wanted - have
         assert not missing, f"{role['metadata']['namespace']}: not granted {sorted(missing)}"

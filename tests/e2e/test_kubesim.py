@@ -51,6 +51,7 @@ def test_an_unforced_apply_conflicts_with_another_managers_value() -> None:
 # --- the API server
 
 
+LEASES = "coordination.k8s.io/v1/leases"
 CONFIGMAP = {
     "apiVersion": "v1",
     "kind": "ConfigMap",
@@ -65,6 +66,28 @@ async def test_an_apply_that_changes_nothing_is_no_write(cluster_api: ApiServer)
     assert again["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
     changed = await apply(cluster_api, {**CONFIGMAP, "data": {"a": "2"}}, "operator")
     assert changed["metadata"]["resourceVersion"] != first["metadata"]["resourceVersion"]
+
+
+async def test_an_update_of_a_stale_version_is_a_conflict(cluster_api: ApiServer) -> None:
+    # Leader election's optimistic concurrency: of two writers that read the
+    # same version, only the first one's update is stored.
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "l", "namespace": NS},
+        "spec": {"holderIdentity": "a"},
+    }
+    async with cluster_api.post(path_of(LEASES, NS), json=lease) as response:
+        read = await response.json()
+    path = path_of(LEASES, NS, "l")
+    first = {**read, "spec": {"holderIdentity": "b"}}
+    second = {**read, "spec": {"holderIdentity": "c"}}
+    async with cluster_api.put(path, json=first) as response:
+        assert response.status == 200
+    async with cluster_api.put(path, json=second) as response:
+        assert response.status == 409
+        assert (await response.json())["reason"] == "Conflict"
+    assert obj(cluster_api, LEASES, "l")["spec"]["holderIdentity"] == "b"
 
 
 async def test_status_and_scale_are_subresources(cluster_api: ApiServer) -> None:

@@ -248,6 +248,9 @@ def test_only_the_api_module_talks_to_the_kubernetes_api() -> None:
         and line.split()[1].split(".")[0] in {c.split(".")[0] for c in clients}
     }
     # The other door is to the runtime pods (/metrics, the LoRA API): plain HTTP.
-    assert talking == {"api.py", "pod_http.py"}
+    # liveness.py serves the probe endpoint (a server, no client).
+    assert talking == {"api.py", "pod_http.py", "liveness.py"}
+    served = (package / "liveness.py").read_text()
+    assert "ClientSession" not in served and "import aiohttp.web" in served
     pods = (package / "pod_http.py").read_text()
     assert "import kubernetes" not in pods and "from kubernetes" not in pods

@@ -6,12 +6,18 @@ import pytest
 from pagoda.operator.cli import parse_args
 
 
-def test_default_is_cluster_wide_with_peering(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_is_cluster_wide_with_leader_election(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGODA_OPERATOR_NAMESPACES", raising=False)
     options = parse_args([])
-    assert options.clusterwide and not options.standalone
-    assert options.peering == "pagoda-operator" and options.metrics_port == 9090
+    assert options.clusterwide and not options.standalone and options.metrics_port == 9090
     assert options.liveness == "http://0.0.0.0:8080/healthz"
+
+
+def test_kopfs_peering_flags_are_gone() -> None:
+    # Peering pauses every peer of equal priority: replicas elect on the Lease.
+    for flag in ("--peering=pagoda-operator", "--priority=1"):
+        with pytest.raises(SystemExit):
+            parse_args([flag])
 
 
 def test_namespaces_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:

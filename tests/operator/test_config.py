@@ -43,3 +43,30 @@ def test_bad_resync_is_refused() -> None:
         OperatorConfig.from_env({"PAGODA_OPERATOR_RESYNC_SECONDS": "0"})
     with pytest.raises(ConfigError):
         OperatorConfig.from_env({"PAGODA_OPERATOR_RESYNC_SECONDS": "soon"})
+
+
+def test_leader_election_defaults_are_client_gos() -> None:
+    config = OperatorConfig.from_env({})
+    assert (config.lease_name, config.lease_namespace) == ("pagoda-operator", "")
+    timing = config.lease_timing()
+    assert (timing.lease_duration, timing.renew_deadline, timing.retry_period) == (15, 10, 2)
+
+
+def test_leader_election_from_the_environment() -> None:
+    config = OperatorConfig.from_env(
+        {
+            "PAGODA_OPERATOR_LEASE_NAME": "llm-operator",
+            "PAGODA_OPERATOR_LEASE_NAMESPACE": "pagoda-system",
+            "PAGODA_OPERATOR_LEASE_DURATION_SECONDS": "30",
+            "PAGODA_OPERATOR_RENEW_DEADLINE_SECONDS": "20",
+            "PAGODA_OPERATOR_RETRY_PERIOD_SECONDS": "4",
+        }
+    )
+    assert (config.lease_name, config.lease_namespace) == ("llm-operator", "pagoda-system")
+    assert config.lease_timing().lease_duration == 30
+
+
+def test_a_renew_deadline_beyond_the_lease_duration_is_refused() -> None:
+    # The leader would still act after a standby took over: two operators.
+    with pytest.raises(ConfigError, match="leader election"):
+        OperatorConfig.from_env({"PAGODA_OPERATOR_RENEW_DEADLINE_SECONDS": "20"})

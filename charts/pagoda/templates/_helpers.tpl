@@ -46,8 +46,8 @@ The namespaced rules: what the operator does inside a served namespace.
 tests/charts/test_rbac.py derives them from the requests the operator makes.
 */}}
 {{- define "pagoda.namespacedRules" -}}
-# The LLMServices: kopf watches them and patches its finalizer; the operator
-# writes their status.
+# The LLMServices: kopf watches them and patches away the finalizer earlier
+# versions added (none is added now); the operator writes their status.
 - apiGroups: ["pagoda.dev"]
   resources: ["llmservices"]
   verbs: ["list", "watch", "patch"]

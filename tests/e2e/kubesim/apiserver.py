@@ -15,7 +15,8 @@ on the differences. `ApiServer` adds, per write:
 * server-side apply with field ownership per manager (`fields.apply`),
   create-on-apply, merge / strategic-merge / JSON patches, PUT;
 * label selectors on lists and watches, delete preconditions (uid,
-  resourceVersion), generateName, uid and creationTimestamp;
+  resourceVersion), updates (PUT) only of the stored resourceVersion,
+  generateName, uid and creationTimestamp;
 * injected failures and delays (`fail()`), to test error handling.
 """
 
@@ -239,6 +240,25 @@ class ApiServer(kmock.KubernetesEmulator):
                     f"{field} in object meta: {live}",
                 )
 
+    @staticmethod
+    def _check_update_version(old: dict[str, Any], new: dict[str, Any]) -> None:
+        """An update (PUT) that names a resourceVersion other than the stored one is refused.
+
+        This is the optimistic concurrency every read-modify-write relies on
+        (leader election among them): of two writers that read the same
+        version, only the first one's update is stored. Built-in kinds allow
+        an update without a version (unconditional).
+        """
+        sent = (new.get("metadata") or {}).get("resourceVersion")
+        live = (old.get("metadata") or {}).get("resourceVersion")
+        if sent and sent != live:
+            raise kmock.KubernetesError(
+                409,
+                "Conflict",
+                "Operation cannot be fulfilled: the object has been modified; "
+                "please apply your changes to the latest version and try again",
+            )
+
     def _scale_of(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.get("metadata", {})
         return {
@@ -306,6 +326,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 new = self._patched(old, request, method)
                 if not isinstance(new, dict):
                     raise kmock.KubernetesError(422, "Invalid", "the result is not an object")
+                if method == "PUT":
+                    self._check_update_version(old or {}, new)
             new = self._subresource_view(resource, sub, old, new)
             if not is_apply:
                 owners = fields.update_owners(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,9 @@ class OperatorThread:
     start in its loop (pytest's fixtures included). The API server keeps
     serving from the test's loop; tests await while the operator works. The
     operator finds the API through $KUBECONFIG, as in a real deployment.
+
+    With leader election (options not standalone), a replica that stands by
+    is not ready: start it with `wait_ready=False` and poll `is_ready`.
     """
 
     def __init__(
@@ -43,13 +47,38 @@ class OperatorThread:
         config: OperatorConfig,
         options: Options = STANDALONE,
         memo: dict[str, Any] | None = None,
+        wait_ready: bool = True,
     ) -> None:
         self.config = config
         self.options = options
         self.memo = memo
+        self.wait_ready = wait_ready
+        # What the operator's coroutine raised, if it ended with an error.
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _run(self, coroutine: Any) -> None:
+        try:
+            asyncio.run(coroutine)
+        except BaseException as e:  # kept for the test, and logged as the thread would
+            self.error = e
+            logging.getLogger("kubesim").error("the operator ended with an error", exc_info=e)
+
+    @property
+    def is_ready(self) -> bool:
+        """Whether kopf runs (with leader election: this replica leads)."""
+        return self._ready.is_set()
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the operator's thread still runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ask the operator to stop (as SIGTERM would); `__aexit__` waits for it."""
+        self._stop.set()
 
     async def __aenter__(self) -> OperatorThread:
         coroutine = serve(
@@ -59,9 +88,9 @@ class OperatorThread:
             ready_flag=self._ready,
             memo=self.memo,
         )
-        self._thread = threading.Thread(target=asyncio.run, args=(coroutine,), name="operator")
+        self._thread = threading.Thread(target=self._run, args=(coroutine,), name="operator")
         self._thread.start()
-        if not await asyncio.to_thread(self._ready.wait, 20):
+        if self.wait_ready and not await asyncio.to_thread(self._ready.wait, 20):
             self._stop.set()
             raise AssertionError("the operator did not start within 20 s")
         return self

@@ -24,6 +24,8 @@ BUILT_IN: dict[str, dict[str, Any]] = {
     "v1/persistentvolumeclaims": {"kind": "PersistentVolumeClaim", "namespaced": True},
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": {"status"}},
     "v1/events": {"kind": "Event", "namespaced": True},
+    # The operator's replicas elect their leader on a Lease.
+    "coordination.k8s.io/v1/leases": {"kind": "Lease", "namespaced": True},
     # kopf's backbone: it discovers namespaces (never lists them cluster-wide)
     # and watches CRDs to notice new resources.
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
@@ -52,12 +54,6 @@ KEDA: dict[str, dict[str, Any]] = {
     },
 }
 
-KOPF_PEERING: dict[str, dict[str, Any]] = {
-    "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
-    "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
-}
-
-
 ALL_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -66,6 +62,6 @@ def declare(server: kmock.KubernetesEmulator, *groups: dict[str, dict[str, Any]]
 
     Discovery must list the verbs: kopf watches only what says `watch`.
     """
-    for group in groups or (BUILT_IN, PAGODA, KEDA, KOPF_PEERING):
+    for group in groups or (BUILT_IN, PAGODA, KEDA):
         for key, info in group.items():
             server.resources[key] = {"verbs": ALL_VERBS, **info}
