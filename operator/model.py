@@ -69,6 +69,8 @@ OWNED_FLAGS = (
     "max-lora-rank",
     "max-cpu-loras",
     "lora-adapters-file",
+    "admin-port",
+    "admin-key",
 )
 OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 
