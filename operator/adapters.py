@@ -4,15 +4,23 @@ Each pod converges by itself on the adapters file (a mounted ConfigMap), but
 the kubelet refreshes such a volume only every minute or so. This loop makes
 convergence fast and visible: it reads each ready pod's `/v1/models`, calls
 `/v1/load_lora_adapter` or `/v1/unload_lora_adapter` where the pod differs
-from the spec, and reports, per adapter, how many ready pods serve it
-(`status.adapters`), the `AdaptersReady` condition, and Events on load,
-unload and failure. A pod that refuses an adapter `FAILURE_THRESHOLD` times
-in a row counts as failed for it, with the runtime's own error message.
+from the spec (all on the pod's admin port, with the admin Secret's key as
+a bearer token: the public port does not serve these routes), and reports,
+per adapter, how many ready pods serve it (`status.adapters`), the
+`AdaptersReady` condition, and Events on load, unload and failure. A pod
+that refuses an adapter `FAILURE_THRESHOLD` times in a row counts as failed
+for it, with the runtime's own error message.
 
 Every load and unload carries the LLMService's `metadata.generation`, as the
 adapters file does (render/configmap.py): the pod remembers the highest one
 applied and skips a file older than that, so a file that has not caught up
 with a removal yet cannot load the adapter again.
+
+A pod that refuses the key (401/403: the Secret was replaced after the pod
+started, say) is reported on the condition (`AdminKeyRejected`) and with one
+Warning per pod, and the loop backs off exponentially instead of retrying
+every second; the key is read again from the Secret before the next try. A
+Secret the operator may not read is `AdminKeyUnreadable`, backed off alike.
 
 `plan` and `summarize` are pure; `AdapterSync.tick` does the I/O through a
 `PodClient`, so tests can put a network of their own behind it.
@@ -22,20 +30,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pagoda.operator.api import KubeApi
+from pagoda.operator.errors import ApiError
 from pagoda.operator.llmservice import LLMService
 from pagoda.operator.pod_http import PodHttp, PodHttpError
+from pagoda.operator.render.labels import ADMIN_PORT_NAME, admin_secret_name
 from pagoda.operator.render.paths import adapter_path
+from pagoda.operator.render.secret import admin_key_of
 from pagoda.operator.scrape import Target, base_url, targets
 
 # Attempts before a pod counts as failed for an adapter (a transient error,
 # such as a pod still starting, clears by itself before that).
 FAILURE_THRESHOLD = 3
 DEFAULT_TIMEOUT = 30.0  # loading reads a folder: slower than a metrics scrape
+# Back-off while pods refuse the admin key: 1 s, doubling, up to this. A pod
+# that changes (restarted with the current key) wakes the loop at once anyway.
+MAX_AUTH_BACKOFF = 300.0
+# HTTP statuses that mean "not this key": no retry can succeed with it.
+AUTH_STATUSES = (401, 403)
 
 EventTuple = tuple[str, str, str]
 
@@ -49,23 +66,42 @@ class PodCallError(Exception):
 
 
 class PodClient(Protocol):
-    """The runtime's adapter API on one pod (base URL `http://IP:PORT`).
+    """The runtime's adapter API on one pod's admin port (base URL `http://IP:PORT`).
 
-    `generation` is the LLMService generation the call acts for (None: not
-    known, the call orders nothing on the pod).
+    `key` is the admin port's bearer token (None: send none). `generation` is
+    the LLMService generation the call acts for (None: not known, the call
+    orders nothing on the pod).
     """
 
-    async def models(self, url: str) -> dict[str, str]:
+    async def models(self, url: str, *, key: str | None) -> dict[str, str]:
         """Loaded adapters: name -> the path it was loaded from."""
         ...
 
-    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
+    async def load(
+        self, url: str, name: str, path: str, *, generation: int | None, key: str | None
+    ) -> None:
         """Load (or replace) an adapter; raises PodCallError."""
         ...
 
-    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None, key: str | None) -> None:
         """Unload an adapter; raises PodCallError (not for one already gone)."""
         ...
+
+
+def admin_url(pod: Mapping[str, Any]) -> str | None:
+    """The runtime's admin listener on a pod: its IP and its container port
+    named `admin`. A pod without one (made from an older template) serves the
+    adapter routes on its HTTP port, so that is where it is called. None for
+    a pod without an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == ADMIN_PORT_NAME and port.get("containerPort"):
+                host = f"[{ip}]" if ":" in ip else ip
+                return f"http://{host}:{port['containerPort']}"
+    return base_url(pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +184,16 @@ class TickResult:
     events: list[EventTuple] = field(default_factory=list)
     health: Health | None = None
     converged: bool = False
+    # Seconds to wait before the next pass (None: the caller's own pace).
+    retry_after: float | None = None
+
+
+def auth_backoff(failures: int, rng: random.Random | None = None) -> float:
+    """Seconds before pass `failures + 1` after that many passes in a row met
+    a refused key: 1, 2, 4 ... up to MAX_AUTH_BACKOFF, each with up to 10%
+    jitter so that many LLMServices locked out together do not retry in step."""
+    base = min(MAX_AUTH_BACKOFF, 2.0 ** max(failures - 1, 0))
+    return base * (1 + 0.1 * (rng or random).random())
 
 
 @dataclass(slots=True)
@@ -160,18 +206,37 @@ class AdapterSync:
     # (pod, adapter) -> (consecutive failed attempts, last error)
     attempts: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     written: list[dict[str, Any]] | None = None
+    # The admin Secret's key, read once and again after a pod refused it.
+    key: str | None = None
+    # Pods that refused the key on the last pass (pod -> error), and how many
+    # passes in a row some pod did.
+    rejected: dict[str, str] = field(default_factory=dict)
+    auth_failures: int = 0
 
     async def tick(self, llms: LLMService, selector: Mapping[str, str]) -> TickResult:
         """One pass over the ready pods. Raises ApiError only for transient errors."""
         desired = desired_adapters(llms)
         pods = await self.api.list("Pod", llms.namespace, selector)
-        ready = targets(pods, base_url)
-        gate = asyncio.Semaphore(self.concurrency)
+        ready = targets(pods, admin_url)
         out = TickResult()
+        if self.key is None:
+            try:
+                self.key = await self._read_key(llms)
+            except ApiError as e:
+                if not e.permanent:
+                    raise
+                message = f"cannot read Secret {admin_secret_name(llms)}: {e}"
+                return self._locked_out(out, "AdminKeyUnreadable", message)
+        gate = asyncio.Semaphore(self.concurrency)
+        rejected: dict[str, str] = {}
 
         async def one(target: Target) -> dict[str, str] | None:
             async with gate:
-                return await self._converge(target, desired, llms.generation, out.events)
+                try:
+                    return await self._converge(target, desired, llms.generation, out.events)
+                except PodCallError as e:  # only a refused key gets here
+                    rejected[target.pod] = str(e)
+                    return None
 
         served = await asyncio.gather(*(one(t) for t in ready))
         names = {t.pod for t in ready}
@@ -189,6 +254,46 @@ class AdapterSync:
         if entries != self.written:
             await self.api.patch_status(llms.namespace, llms.name, {"adapters": entries})
             self.written = entries
+        if rejected:
+            self._rejected(llms, rejected, out)
+        else:
+            self.rejected, self.auth_failures = {}, 0
+        return out
+
+    async def _read_key(self, llms: LLMService) -> str | None:
+        """The admin Secret's key (None while the reconcile has not made it yet)."""
+        return admin_key_of(await self.api.get("Secret", llms.namespace, admin_secret_name(llms)))
+
+    def _rejected(self, llms: LLMService, rejected: dict[str, str], out: TickResult) -> None:
+        """Pods refused the key: one Warning per newly refusing pod, the condition, back-off."""
+        secret = admin_secret_name(llms)
+        for pod, error in sorted(rejected.items()):
+            if pod not in self.rejected:
+                out.events.append(
+                    (
+                        "Warning",
+                        "AdminKeyRejected",
+                        f"pod {pod} refused the admin key of Secret {secret}: {error}",
+                    )
+                )
+        self.rejected = rejected
+        pod, error = sorted(rejected.items())[0]
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        self._locked_out(
+            out,
+            "AdminKeyRejected",
+            f"pod {pod}{more} refused the admin key of Secret {secret} ({error}); "
+            "a pod started before the Secret changed holds the old key until restarted",
+        )
+
+    def _locked_out(self, out: TickResult, reason: str, message: str) -> TickResult:
+        """`out` for a pass that could not talk to the pods: the condition, and
+        the next pass backed off. The key is read again before it."""
+        self.key = None
+        self.auth_failures += 1
+        out.health = Health(False, reason, message)
+        out.converged = False
+        out.retry_after = auth_backoff(self.auth_failures)
         return out
 
     async def _converge(
@@ -199,16 +304,22 @@ class AdapterSync:
         events: list[EventTuple],
     ) -> dict[str, str] | None:
         """Make one pod serve `desired` (of spec `generation`); its adapters
-        afterwards (None: unreachable)."""
+        afterwards (None: unreachable). Raises PodCallError when the pod
+        refuses the key: no other call can succeed then."""
+        admin_key = self.key
         try:
-            loaded = await self.client.models(target.url)
-        except PodCallError:
+            loaded = await self.client.models(target.url, key=admin_key)
+        except PodCallError as e:
+            if e.status in AUTH_STATUSES:
+                raise
             return None  # not answering: readiness will tell, nothing to count
         todo = plan(desired, loaded)
         for name in todo.unload:
             try:
-                await self.client.unload(target.url, name, generation=generation)
+                await self.client.unload(target.url, name, generation=generation, key=admin_key)
             except PodCallError as e:
+                if e.status in AUTH_STATUSES:
+                    raise
                 events.append(
                     ("Warning", "AdapterUnloadFailed", f"adapter {name} on pod {target.pod}: {e}")
                 )
@@ -220,8 +331,10 @@ class AdapterSync:
         for name, path in todo.load:
             key = (target.pod, name)
             try:
-                await self.client.load(target.url, name, path, generation=generation)
+                await self.client.load(target.url, name, path, generation=generation, key=admin_key)
             except PodCallError as e:
+                if e.status in AUTH_STATUSES:
+                    raise
                 count = self.attempts.get(key, (0, ""))[0] + 1
                 self.attempts[key] = (count, str(e))
                 if count == FAILURE_THRESHOLD:
@@ -264,9 +377,14 @@ class HttpPodClient:
         self.timeout = timeout
         self._http = PodHttp()
 
-    async def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    async def _call(
+        self, method: str, url: str, key: str | None, body: dict[str, Any] | None = None
+    ) -> Any:
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            status, data = await self._http.request(method, url, self.timeout, json=body)
+            status, data = await self._http.request(
+                method, url, self.timeout, json=body, headers=headers
+            )
         except PodHttpError as e:
             raise PodCallError(str(e)) from None
         if status != 200:
@@ -276,8 +394,8 @@ class HttpPodClient:
         except ValueError:
             raise PodCallError(f"{url}: not JSON") from None
 
-    async def models(self, url: str) -> dict[str, str]:
-        listed = await self._call("GET", url + "/v1/models")
+    async def models(self, url: str, *, key: str | None) -> dict[str, str]:
+        listed = await self._call("GET", url + "/v1/models", key)
         try:
             return {
                 str(m["id"]): str(m.get("root") or "")
@@ -287,14 +405,16 @@ class HttpPodClient:
         except (KeyError, TypeError):
             raise PodCallError(f"{url}/v1/models: not a model list") from None
 
-    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
+    async def load(
+        self, url: str, name: str, path: str, *, generation: int | None, key: str | None
+    ) -> None:
         body = _with_generation({"lora_name": name, "lora_path": path, "replace": True}, generation)
-        await self._call("POST", url + "/v1/load_lora_adapter", body)
+        await self._call("POST", url + "/v1/load_lora_adapter", key, body)
 
-    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None, key: str | None) -> None:
         body = _with_generation({"lora_name": name}, generation)
         try:
-            await self._call("POST", url + "/v1/unload_lora_adapter", body)
+            await self._call("POST", url + "/v1/unload_lora_adapter", key, body)
         except PodCallError as e:
             if e.status != 404:  # already gone (the file got there first)
                 raise

@@ -371,8 +371,8 @@ async def keep_adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: 
     Each pass reads every ready pod's /v1/models and loads or unloads what
     differs (`adapters.AdapterSync`): at once when the spec or a pod changes,
     then every second while some pod differs and every `adapter_sync_seconds`
-    once all match. As the autoscaler's loop, nothing a pod or a spec says
-    ends it.
+    once all match, backed off while pods refuse the admin key. As the
+    autoscaler's loop, nothing a pod or a spec says ends it.
     """
     config: OperatorConfig = memo["config"]
     meta = body.get("metadata") or {}
@@ -403,6 +403,8 @@ async def keep_adapters(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: 
                     _set_adapters_health(memo, key, result.health)
                     if result.converged:
                         interval = config.adapter_sync_seconds
+                    if result.retry_after is not None:
+                        interval = result.retry_after
             wake.generation = generation
             if await _woken(wake.event, stopped, interval) == "stop":
                 break

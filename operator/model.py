@@ -74,6 +74,8 @@ OWNED_FLAGS = (
     "max-lora-rank",
     "max-cpu-loras",
     "lora-adapters-file",
+    "admin-port",
+    "admin-key",
 )
 OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 
@@ -361,6 +363,11 @@ UNIQUE_PULL_SECRETS_MESSAGE = "imagePullSecrets must be unique"
 # user's value overrides.
 API_KEY_ENV = "PAGODA_API_KEY"
 API_KEY_ENV_MESSAGE = f"{API_KEY_ENV} comes from apiKeySecretRef: set one of them, not both"
+ADMIN_KEY_ENV = "PAGODA_ADMIN_KEY"
+ADMIN_KEY_ENV_MESSAGE = (
+    f"{ADMIN_KEY_ENV} is the key of the pods' admin port, which the operator keeps in the "
+    "Secret NAME-admin: it cannot be set in env"
+)
 HF_HOME_ENV = "HF_HOME"
 HF_HOME_ENV_MESSAGE = (
     f"{HF_HOME_ENV} is where the operator mounts the model cache (an hf:// model or "
@@ -706,6 +713,11 @@ class LLMServiceSpec(Model):
                     ".modelCache",
                 ),
                 cel(
+                    f"!has(self.env) || !self.env.exists(e, e.name == '{ADMIN_KEY_ENV}')",
+                    ADMIN_KEY_ENV_MESSAGE,
+                    ".env",
+                ),
+                cel(
                     f"!has(self.apiKeySecretRef) || !has(self.env)"
                     f" || !self.env.exists(e, e.name == '{API_KEY_ENV}')",
                     API_KEY_ENV_MESSAGE,
@@ -866,6 +878,8 @@ class LLMServiceSpec(Model):
         if self.model_cache is None and any(a.source.startswith("hf://") for a in self.adapters):
             raise RuleError(".modelCache", HF_ADAPTER_MESSAGE)
         names = {var.name for var in self.env}
+        if ADMIN_KEY_ENV in names:
+            raise RuleError(".env", ADMIN_KEY_ENV_MESSAGE)
         if self.api_key_secret_ref is not None and API_KEY_ENV in names:
             raise RuleError(".env", API_KEY_ENV_MESSAGE)
         if self.mounts_model_cache and HF_HOME_ENV in names:

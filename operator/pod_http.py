@@ -1,4 +1,4 @@
-"""The operator's one HTTP client to runtime pods (their /metrics and LoRA API).
+"""The operator's one HTTP client to runtime pods (their /metrics and admin API).
 
 Plain HTTP to a pod's IP, never through the Kubernetes API. One connection per
 call, no pool: pods come and go, and a pooled connection to a pod replaced at
@@ -8,6 +8,7 @@ trusted to send a bounded answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -36,6 +37,7 @@ class PodHttp:
         timeout: float,
         json: dict[str, Any] | None = None,
         max_body: int = MAX_BODY,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes]:
         """(status, body) with at most `max_body + 1` bytes read (so "too long" shows)."""
         if self._session is None or self._session.closed:
@@ -44,7 +46,11 @@ class PodHttp:
             )
         try:
             async with self._session.request(
-                method, url, json=json, timeout=aiohttp.ClientTimeout(total=timeout)
+                method,
+                url,
+                json=json,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
                 return response.status, await response.content.read(max_body + 1)
         except TimeoutError:

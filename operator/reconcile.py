@@ -33,7 +33,13 @@ from pagoda.operator.llmservice import (
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
-from pagoda.operator.render.labels import selector_labels, selector_string, service_name
+from pagoda.operator.render.labels import (
+    admin_secret_name,
+    selector_labels,
+    selector_string,
+    service_name,
+)
+from pagoda.operator.render.secret import admin_key_of, new_admin_key
 from pagoda.operator.render.service import endpoint
 from pagoda.operator.triggers import SERVICE_NAME_LABEL
 
@@ -77,9 +83,9 @@ class Outcome:
 async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
     """Refuse to roll out pods that could never start: missing Secrets and claims.
 
-    The Secret check runs only where the operator may read Secrets (a Role in
-    namespaced mode); cluster-wide it has no such right, and a missing Secret
-    shows up as the pods' CreateContainerConfigError instead. Returns the
+    Where the operator may not read Secrets (a chart without that grant), the
+    Secret check is skipped, and a missing Secret shows up as the pods'
+    CreateContainerConfigError instead. Returns the
     faults that do not stop the rollout (`claim_problems`).
     """
     ns, spec = llms.namespace, llms.spec
@@ -162,6 +168,20 @@ def last_need(spec: Mapping[str, Any]) -> int:
     return max(1, min(whole("minAvailable"), whole("replicas")))
 
 
+async def admin_key(api: KubeApi, llms: LLMService) -> str:
+    """The key the admin Secret holds, or a new one when there is none yet.
+
+    Only a Secret of this LLMService counts: one of the same name owned by
+    someone else is a ChildConflict, and its value is none of ours. The
+    key is read here, before rendering, so that the apply writes it back
+    unchanged. Reconciles of one LLMService never run concurrently (one sync
+    loop per object, one leading operator), so two cannot both make a key.
+    """
+    live = await api.get("Secret", llms.namespace, admin_secret_name(llms))
+    key = admin_key_of(live) if live is not None and owned_by(live, llms.uid) else None
+    return key or new_admin_key()
+
+
 def _refused(error: ApiError) -> st.Problem:
     return st.Problem(condition_reason(error.status), f"the API server refused {error}")
 
@@ -200,9 +220,18 @@ async def reconcile(
         )
         return Outcome(status, invalid=problem)
 
-    children = render_children(llms, config)
     writes: list[Write] = []
     problems: list[st.Problem] = []
+    try:
+        key: str | None = await admin_key(api, llms)
+    except ApiError as e:
+        if not e.permanent:
+            raise
+        # Not readable (no RBAC for Secrets): writing a key blind could
+        # replace the one the pods hold, so the Secret is left alone.
+        problems.append(_refused(e))
+        key = None
+    children = render_children(llms, config, key)
     deployment: dict[str, Any] | None = None
     template_hash: str | None = None
     for desired in children.present:

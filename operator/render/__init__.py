@@ -21,6 +21,7 @@ from pagoda.operator.render.scaledobject import (
     scaled_object_name,
     wants_scaled_object,
 )
+from pagoda.operator.render.secret import render_admin_secret
 from pagoda.operator.render.service import render_service
 
 
@@ -42,9 +43,14 @@ class Children:
     absent: tuple[ObjectRef, ...]
 
 
-def render_children(llms: LLMService, config: OperatorConfig) -> Children:
-    """Every child of an LLMService. The ConfigMap comes before the pods that read it."""
+def render_children(llms: LLMService, config: OperatorConfig, admin_key: str | None) -> Children:
+    """Every child of an LLMService. The ConfigMap and the admin Secret come
+    before the pods that read them. `admin_key` is the admin Secret's key
+    (render/secret.py); None leaves the Secret out (it could not be read, so
+    it is neither written nor deleted)."""
     present = [render_configmap(llms), render_service(llms), render_deployment(llms, config)]
+    if admin_key is not None:
+        present.insert(1, render_admin_secret(llms, admin_key))
     absent = []
     # Before the pods that mount it; kept while LoRA is on, even with no adapter.
     if llms.spec.lora_enabled:

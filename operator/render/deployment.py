@@ -19,11 +19,14 @@ from typing import Any
 
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import LLMService, rollout_strategy
-from pagoda.operator.model import API_KEY_ENV, HF_HOME_ENV, LoRASpec
+from pagoda.operator.model import ADMIN_KEY_ENV, API_KEY_ENV, HF_HOME_ENV, LoRASpec
 from pagoda.operator.render.configmap import config_hash, engine_env
 from pagoda.operator.render.labels import (
+    ADMIN_PORT,
+    ADMIN_PORT_NAME,
     RUNTIME_PORT,
     adapters_configmap_name,
+    admin_secret_name,
     configmap_name,
     deployment_name,
     labels,
@@ -40,6 +43,7 @@ from pagoda.operator.render.paths import (
     adapter_path,
     model_claim,
 )
+from pagoda.operator.render.secret import ADMIN_KEY_FIELD
 
 CONFIG_HASH_ANNOTATION = "pagoda.dev/engine-config-hash"
 # A digest of the pod template: pods carrying the current one run the current spec.
@@ -116,13 +120,22 @@ def lora_arguments(llms: LLMService) -> list[str]:
     return args
 
 
+def admin_key_env(llms: LLMService) -> dict[str, Any]:
+    """PAGODA_ADMIN_KEY from the admin Secret: the key of the pod's admin port."""
+    return {
+        "name": ADMIN_KEY_ENV,
+        "valueFrom": {"secretKeyRef": {"name": admin_secret_name(llms), "key": ADMIN_KEY_FIELD}},
+    }
+
+
 def _env(llms: LLMService) -> list[dict[str, Any]]:
     """The container's env: the operator's variables merged with `spec.env` by name.
 
     The container's env is a list keyed by name: server-side apply refuses
     the whole Deployment if a name appears twice. The user's value wins; the
-    names that would contradict another field (PAGODA_API_KEY, HF_HOME) are
-    refused in the spec instead (model.py).
+    names that would contradict another field or lock the operator out
+    (PAGODA_API_KEY, PAGODA_ADMIN_KEY, HF_HOME) are refused in the spec
+    instead (model.py).
     """
     env: dict[str, dict[str, Any]] = {}
     if llms.spec.api_key_secret_ref:
@@ -131,6 +144,7 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
             "name": API_KEY_ENV,
             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
         }
+    env[ADMIN_KEY_ENV] = admin_key_env(llms)
     if llms.spec.model.startswith("hf://") or (llms.spec.model_cache and llms.spec.lora_enabled):
         # Read the mounted cache only: a pod must never download weights on start.
         env[HF_HOME_ENV] = {"name": HF_HOME_ENV, "value": HF_CACHE_MOUNT}
@@ -252,6 +266,9 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
             "0.0.0.0",
             "--port",
             str(RUNTIME_PORT),
+            # The adapter routes, for the operator only: the Service leaves it out.
+            "--admin-port",
+            str(ADMIN_PORT),
             "--served-model-name",
             llms.served_model_name,
             "--tensor-parallel-size",
@@ -261,7 +278,10 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
             *lora_arguments(llms),
             *spec.engine.extra_args,
         ],
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"},
+            {"name": ADMIN_PORT_NAME, "containerPort": ADMIN_PORT, "protocol": "TCP"},
+        ],
         # A runtime that refuses to start says why on its last log line; this
         # puts it in the pod's status, and from there in Degraded's message.
         "terminationMessagePolicy": "FallbackToLogsOnError",

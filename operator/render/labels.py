@@ -11,6 +11,10 @@ OWNER_LABEL = "pagoda.dev/llmservice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "pagoda-operator"
 RUNTIME_PORT = 8000
+# The runtime's admin listener (`--admin-port`): the adapter routes, only for
+# the operator; the Service never exposes it.
+ADMIN_PORT = 8001
+ADMIN_PORT_NAME = "admin"
 
 
 def deployment_name(llms: LLMService) -> str:
@@ -31,6 +35,11 @@ def configmap_name(llms: LLMService) -> str:
 def adapters_configmap_name(llms: LLMService) -> str:
     """The ConfigMap holding the LoRA adapters file (mounted, not part of the pod template)."""
     return f"{llms.name}-adapters"
+
+
+def admin_secret_name(llms: LLMService) -> str:
+    """The Secret holding the admin port's key (the operator's credential to its pods)."""
+    return f"{llms.name}-admin"
 
 
 def pdb_name(llms: LLMService) -> str:

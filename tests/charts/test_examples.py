@@ -45,7 +45,7 @@ def test_example_renders_valid_children(path: Path) -> None:
         if doc["kind"] != "LLMService":
             continue
         doc["metadata"] |= {"namespace": "demo", "uid": "00000000-0000-0000-0000-000000000000"}
-        children = render_children(parse(doc, config), config)
+        children = render_children(parse(doc, config), config, "key")
         for child in children.present:
             kubernetes_validate.validate(child, "1.30", strict=True)
 
@@ -61,7 +61,9 @@ def test_seventy_b_shards_over_four_gpus_of_one_pod() -> None:
     llms = parse({**big, "metadata": {**big["metadata"], "namespace": "demo"}}, OperatorConfig())
     assert llms.spec.tensor_parallel_size == 4 and llms.resources.gpus == 4
     (deployment,) = [
-        c for c in render_children(llms, OperatorConfig()).present if c["kind"] == "Deployment"
+        c
+        for c in render_children(llms, OperatorConfig(), "key").present
+        if c["kind"] == "Deployment"
     ]
     (runtime,) = deployment["spec"]["template"]["spec"]["containers"]
     assert runtime["args"][runtime["args"].index("--tensor-parallel-size") + 1] == "4"

@@ -68,9 +68,9 @@ IMPLIED = {
 }
 # Namespaced mode only: kopf follows namespaces to match --namespace patterns.
 NAMESPACED_ONLY = {Grant("list", "", "namespaces"), Grant("watch", "", "namespaces")}
-# Read where allowed: cluster-wide the operator gets no Secret access and
-# skips the API key check (a missing Secret shows on the pods instead).
-SECRETS = {Grant("get", "", "secrets")}
+# Secrets: each LLMService's admin Secret is read and applied; the API key's
+# Secret is read. Never listed or watched, never deleted.
+SECRETS = {Grant(verb, "", "secrets") for verb in ("get", "create", "patch")}
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
@@ -272,15 +272,18 @@ def test_cluster_wide_rbac_grants_what_the_operator_calls_and_nothing_else(
     have = granted(by_kind(objects, "ClusterRole"))
     assert by_kind(objects, "Role") == [leader_election_role(objects)]
     calls = calls - lease_calls(calls)  # granted by their own Role (test above)
-    missing = calls - SECRETS - have
+    missing = calls - have
     assert not missing, f"calls the chart does not grant: {sorted(missing)}"
     extra = have - calls - set(IMPLIED)
     assert not extra, f"grants no call needs: {sorted(extra)}"
 
 
-def test_cluster_wide_the_operator_cannot_read_secrets(helm: Path, tmp_path: Path) -> None:
+def test_secrets_are_only_read_and_applied_never_listed(
+    calls: set[Grant], helm: Path, tmp_path: Path
+) -> None:
+    assert {g for g in calls if g.resource == "secrets"} == SECRETS
     have = granted(by_kind(template(helm, tmp_path), "ClusterRole"))
-    assert not [g for g in have if g.resource == "secrets"]
+    assert {g for g in have if g.resource == "secrets"} == SECRETS
 
 
 def test_namespaced_rbac_grants_the_same_per_namespace(
@@ -295,6 +298,6 @@ def test_namespaced_rbac_grants_the_same_per_namespace(
         have = granted([role]) | cluster_role
         missing = wanted - have
         assert not missing, f"{role['metadata']['namespace']}: not granted {sorted(missing)}"
-        assert granted([role]) >= SECRETS  # the API key check works here
+        assert {g for g in granted([role]) if g.resource == "secrets"} == SECRETS
         assert not (have - wanted - NAMESPACED_ONLY), sorted(have - wanted)
     assert {g.resource for g in cluster_role} <= CLUSTER_SCOPED

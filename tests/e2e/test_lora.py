@@ -11,6 +11,7 @@ tested in tests/operator/test_adapters.py.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ import httpx
 import pytest
 from kubesim.cluster import Cluster
 from kubesim.kubelet import PodProcess
-from kubesim.testing import events
+from kubesim.testing import NS, events
+from pagoda.operator.render.labels import ADMIN_PORT
 
 from .conftest import STARTUP_TIMEOUT, light_cpu_demo
 
@@ -190,3 +192,49 @@ async def test_a_bad_source_fails_the_condition_with_the_runtimes_words(
     assert complete(pod, "good").status_code == 200
     assert complete(pod, NAME).status_code == 200
     assert cluster.is_ready(NAME)
+
+
+async def test_with_an_api_key_the_operator_converges_through_the_admin_port(
+    cluster: Cluster, adapter_dirs: dict[str, Path]
+) -> None:
+    # The users' key guards the public port; the operator holds a key of its
+    # own for the admin port, which the Service does not expose.
+    user = {"Authorization": "Bearer users-key"}
+    await cluster.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "keys", "namespace": NS},
+            "data": {"api-key": base64.b64encode(b"users-key").decode()},
+        }
+    )
+    body = with_lora(1, [])
+    body["spec"]["apiKeySecretRef"] = {"name": "keys"}
+    await cluster.create(body)
+    (pod,) = await ready_pods(cluster, 1)
+    admin = f"http://{pod.ip}:{ADMIN_PORT}"
+    await cluster.patch(
+        "LLMService",
+        NAME,
+        {"spec": {"adapters": [{"name": "sql", "source": str(adapter_dirs["a"])}]}},
+    )
+    await cluster.wait_for(
+        lambda: adapters_condition(cluster).get("status") == "True",
+        CONVERGE_TIMEOUT,
+        "AdaptersReady with apiKeySecretRef",
+    )
+    assert cluster.get("LLMService", NAME)["status"]["adapters"] == [
+        {"name": "sql", "readyPods": 1, "failedPods": 0, "message": ""}
+    ]
+    listed = httpx.get(pod.url + "/v1/models", headers=user, timeout=10).json()["data"]
+    assert "sql" in {m["id"] for m in listed}
+    assert events(cluster.api, "AdminKeyRejected") == []
+    # A user of the Service can neither load nor unload; the admin port wants its own key.
+    unload = {"lora_name": "sql"}
+    public = httpx.post(pod.url + "/v1/unload_lora_adapter", json=unload, headers=user)
+    assert public.status_code == 404, public.text
+    for headers in ({}, user):
+        refused = httpx.post(admin + "/v1/unload_lora_adapter", json=unload, headers=headers)
+        assert refused.status_code == 401, refused.text
+    service_ports = cluster.get("Service", NAME)["spec"]["ports"]
+    assert [p["targetPort"] for p in service_ports] == ["http"]

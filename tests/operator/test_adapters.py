@@ -1,5 +1,5 @@
 """The adapter loop: plans, per-adapter status, the condition, Events, retries,
-and the spec generation every call carries."""
+the spec generation every call carries, and the admin port and key it calls with."""
 
 from __future__ import annotations
 
@@ -10,14 +10,19 @@ import pytest
 from kubesim.http import serve_app
 from pagoda.operator.adapters import (
     FAILURE_THRESHOLD,
+    MAX_AUTH_BACKOFF,
     AdapterSync,
     HttpPodClient,
     PodCallError,
+    admin_url,
+    auth_backoff,
     plan,
     summarize,
 )
 from pagoda.operator.config import OperatorConfig
+from pagoda.operator.errors import ApiError
 from pagoda.operator.llmservice import parse
+from pagoda.operator.render.secret import render_admin_secret
 
 
 def test_plan_loads_the_missing_replaces_the_moved_and_unloads_the_rest() -> None:
@@ -54,8 +59,10 @@ def test_summary_reasons() -> None:
 
 
 def pod(name: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    ports = [{"name": "http", "containerPort": 8000}, {"name": "admin", "containerPort": 8001}]
     return {
         "metadata": {"name": name, "annotations": {"prometheus.io/port": "8000"}},
+        "spec": {"containers": [{"name": "runtime", "ports": ports}]},
         "status": {
             "podIP": ip,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -63,20 +70,34 @@ def pod(name: str, ip: str, ready: bool = True) -> dict[str, Any]:
     }
 
 
+KEY = "the-admin-key"
+
+
 class FakeApi:
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
+    def __init__(self, pods: list[dict[str, Any]], key: str | None = KEY) -> None:
         self.pods = pods
         self.statuses: list[dict[str, Any]] = []
+        self.secret = None if key is None else render_admin_secret(service(), key)
+        self.secret_error: ApiError | None = None
+        self.secret_reads = 0
 
     async def list(self, kind: str, namespace: str, labels: Any) -> list[dict[str, Any]]:
         return self.pods
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert (kind, namespace, name) == ("Secret", "ns", "chat-admin")
+        self.secret_reads += 1
+        if self.secret_error is not None:
+            raise self.secret_error
+        return self.secret
 
     async def patch_status(self, namespace: str, name: str, changes: dict[str, Any]) -> None:
         self.statuses.append(changes)
 
 
 class FakePods:
-    """Pods' adapter APIs by URL; `refuse` maps a path to the runtime's error."""
+    """Pods' admin APIs by URL; `refuse` maps a path to the runtime's error;
+    `keys` maps a URL to the admin key its pod holds (default KEY)."""
 
     def __init__(self, refuse: dict[str, str] | None = None) -> None:
         self.loaded: dict[str, dict[str, str]] = {}
@@ -84,20 +105,32 @@ class FakePods:
         self.calls: list[tuple[str, str, str]] = []
         self.generations: list[int | None] = []  # the generation of each call
         self.down: set[str] = set()
+        self.keys: dict[str, str] = {}
+        self.keys_sent: list[str | None] = []
 
-    async def models(self, url: str) -> dict[str, str]:
+    def _check(self, url: str, key: str | None) -> None:
+        self.keys_sent.append(key)
+        if key != self.keys.get(url, KEY):
+            raise PodCallError("invalid or missing admin key", 401)
+
+    async def models(self, url: str, *, key: str | None) -> dict[str, str]:
         if url in self.down:
             raise PodCallError(f"{url}: connection refused")
+        self._check(url, key)
         return dict(self.loaded.setdefault(url, {}))
 
-    async def load(self, url: str, name: str, path: str, *, generation: int | None) -> None:
+    async def load(
+        self, url: str, name: str, path: str, *, generation: int | None, key: str | None
+    ) -> None:
+        self._check(url, key)
         self.calls.append(("load", url, name))
         self.generations.append(generation)
         if path in self.refuse:
             raise PodCallError(self.refuse[path], 400)
         self.loaded.setdefault(url, {})[name] = path
 
-    async def unload(self, url: str, name: str, *, generation: int | None) -> None:
+    async def unload(self, url: str, name: str, *, generation: int | None, key: str | None) -> None:
+        self._check(url, key)
         self.calls.append(("unload", url, name))
         self.generations.append(generation)
         self.loaded.get(url, {}).pop(name, None)
@@ -114,7 +147,8 @@ def service(*adapters: tuple[str, str], generation: int | None = None) -> Any:
     return parse({"metadata": meta, "spec": spec}, OperatorConfig())
 
 
-URL1, URL2 = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+# The admin port: the adapter routes are not on the public one.
+URL1, URL2 = "http://10.0.0.1:8001", "http://10.0.0.2:8001"
 
 
 async def test_a_pass_loads_everywhere_then_has_nothing_to_do() -> None:
@@ -225,10 +259,10 @@ async def test_the_http_client_sends_the_generation_with_vllms_fields() -> None:
     client = HttpPodClient(timeout=5)
     async with serve_app(app) as url:
         try:
-            await client.load(url, "sql", "/a/sql", generation=7)
-            await client.unload(url, "sql", generation=8)
-            await client.unload(url, "gone", generation=8)  # a 404 is not an error
-            await client.load(url, "sql", "/a/sql", generation=None)
+            await client.load(url, "sql", "/a/sql", generation=7, key=None)
+            await client.unload(url, "sql", generation=8, key=None)
+            await client.unload(url, "gone", generation=8, key=None)  # a 404 is not an error
+            await client.load(url, "sql", "/a/sql", generation=None, key=None)
         finally:
             await client.close()
     assert bodies == [
@@ -257,3 +291,112 @@ def test_sources_become_paths_inside_the_pod(adapters, model, path) -> None:
     spec = {"model": model, "adapters": [{"name": n, "source": s} for n, s in adapters]}
     llms = parse({"metadata": {"name": "chat", "namespace": "ns"}, "spec": spec}, OperatorConfig())
     assert desired_adapters(llms) == {"a": path}
+
+
+async def test_every_call_goes_to_the_admin_port_with_the_secrets_key() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1")]), FakePods()
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    await sync.tick(service(("a", "/a"), ("b", "/b")), {})
+    result = await sync.tick(service(("a", "/a")), {})
+    assert result.converged and result.retry_after is None
+    assert [c[1] for c in pods.calls] == [URL1] * 3
+    assert pods.keys_sent and set(pods.keys_sent) == {KEY}
+    assert api.secret_reads == 1  # read once, kept while pods accept it
+
+
+async def test_a_refused_key_is_a_condition_and_one_warning_and_backs_off() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1"), pod("p2", "10.0.0.2")]), FakePods()
+    pods.keys[URL2] = "the-key-p2-started-with"
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    llms = service(("a", "/a"))
+    results = [await sync.tick(llms, {}) for _ in range(4)]
+    warnings = [e for r in results for e in r.events if e[0] == "Warning"]
+    assert [w[1] for w in warnings] == ["AdminKeyRejected"]
+    assert "pod p2 refused the admin key of Secret chat-admin" in warnings[0][2]
+    last = results[-1]
+    assert (last.health.ready, last.health.reason, last.converged) == (
+        False,
+        "AdminKeyRejected",
+        False,
+    )
+    assert "invalid or missing admin key" in last.health.message
+    # Not a one-second spin: each pass waits about twice as long as the last.
+    waits = [r.retry_after for r in results]
+    assert [int(w) for w in waits] == [1, 2, 4, 8]  # plus at most 10% jitter
+    # The pod that accepts the key is served all along; the key is re-read each time.
+    assert pods.loaded[URL1] == {"a": "/a"} and api.secret_reads == 4
+    # p2 restarted with the Secret's key: converged, back to the normal pace.
+    pods.keys.pop(URL2)
+    healed = await sync.tick(llms, {})
+    assert healed.converged and healed.retry_after is None
+    assert pods.loaded[URL2] == {"a": "/a"}
+    assert (sync.auth_failures, sync.rejected) == (0, {})
+
+
+async def test_an_unreadable_secret_backs_off_without_calling_pods() -> None:
+    api, pods = FakeApi([pod("p1", "10.0.0.1")]), FakePods()
+    api.secret_error = ApiError(403, "Forbidden", "secrets is forbidden")
+    sync = AdapterSync(api, pods)  # type: ignore[arg-type]
+    result = await sync.tick(service(("a", "/a")), {})
+    assert result.health.reason == "AdminKeyUnreadable" and result.retry_after is not None
+    assert "cannot read Secret chat-admin" in result.health.message
+    assert pods.keys_sent == []
+    api.secret_error = ApiError(503, "ServiceUnavailable", "etcd")
+    with pytest.raises(ApiError):  # transient: the caller retries as usual
+        await sync.tick(service(("a", "/a")), {})
+
+
+def test_the_auth_back_off_doubles_up_to_its_cap_with_a_little_jitter() -> None:
+    import random
+
+    rng = random.Random(7)
+    waits = [auth_backoff(n, rng) for n in range(1, 14)]
+    for n, wait in enumerate(waits, 1):
+        base = min(MAX_AUTH_BACKOFF, 2.0 ** (n - 1))
+        assert base <= wait <= base * 1.1
+    assert waits[-1] <= MAX_AUTH_BACKOFF * 1.1
+
+
+def test_the_admin_url_is_the_pods_admin_port() -> None:
+    assert admin_url(pod("p", "10.0.0.1")) == "http://10.0.0.1:8001"
+    v6 = pod("p", "fd00::1")
+    assert admin_url(v6) == "http://[fd00::1]:8001"
+    # A pod of an older template, without the admin port: its HTTP port.
+    old = pod("p", "10.0.0.1")
+    old["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8000}]
+    assert admin_url(old) == "http://10.0.0.1:8000"
+    assert admin_url(pod("p", "")) is None
+
+
+async def test_the_http_client_sends_the_key_as_a_bearer_token() -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    async def record(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        seen.append((request.path, request.headers.get("Authorization")))
+        if request.headers.get("Authorization") != f"Bearer {KEY}":
+            error = {"error": {"message": "invalid or missing admin key", "code": 401}}
+            return aiohttp.web.json_response(error, status=401)
+        if request.method == "GET":
+            return aiohttp.web.json_response({"object": "list", "data": []})
+        return aiohttp.web.json_response({"status": "ok"})
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/v1/models", record)
+    app.router.add_post("/v1/load_lora_adapter", record)
+    app.router.add_post("/v1/unload_lora_adapter", record)
+    client = HttpPodClient(timeout=5)
+    async with serve_app(app) as url:
+        try:
+            assert await client.models(url, key=KEY) == {}
+            await client.load(url, "sql", "/a/sql", generation=1, key=KEY)
+            await client.unload(url, "sql", generation=1, key=KEY)
+            with pytest.raises(PodCallError) as refused:
+                await client.models(url, key="wrong")
+        finally:
+            await client.close()
+    assert seen[:3] == [
+        ("/v1/models", f"Bearer {KEY}"),
+        ("/v1/load_lora_adapter", f"Bearer {KEY}"),
+        ("/v1/unload_lora_adapter", f"Bearer {KEY}"),
+    ]
+    assert refused.value.status == 401 and "invalid or missing admin key" in str(refused.value)

@@ -170,6 +170,7 @@ async def test_an_env_var_another_manager_added_is_not_drift(operator: ApiServer
     assert events(operator, "DriftRepaired") == []
     assert version(operator, DEPLOYMENTS, "chat") == settled
     assert [e["name"] for e in runtime(operator)["env"]] == [
+        "PAGODA_ADMIN_KEY",
         "PAGODA_NUM_THREADS",
         "LOG_LEVEL",
         "EXTRA",

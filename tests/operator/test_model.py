@@ -98,6 +98,7 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]}, None),
     ({**BASE, "apiKeySecretRef": {"name": "k"}, "env": [{"name": "PAGODA_API_KEY"}]}, "spec.env"),
     ({**BASE, "env": [{"name": "PAGODA_API_KEY", "value": "sk-1"}]}, None),
+    ({**BASE, "env": [{"name": "PAGODA_ADMIN_KEY", "value": "k"}]}, "spec.env"),
     (
         {**BASE, "modelCache": {"claimName": "hf"}, "env": [{"name": "HF_HOME", "value": "/x"}]},
         "spec.env",

@@ -75,6 +75,13 @@ tests/charts/test_rbac.py derives them from the requests the operator makes.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# Secrets: each LLMService's admin Secret (the key of its pods' admin port) is
+# read for its key and applied; an apiKeySecretRef is checked before pods roll
+# out. Neither list nor watch: the operator never enumerates Secrets, and the
+# admin Secret is repaired on the resync.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -98,16 +105,4 @@ tests/charts/test_rbac.py derives them from the requests the operator makes.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- end }}
-
-{{/*
-Secrets: only by a Role in a served namespace, never cluster-wide. With it the
-operator checks that an apiKeySecretRef exists before rolling out pods;
-without it (cluster-wide mode) it skips the check and a missing Secret shows
-as the pods' CreateContainerConfigError.
-*/}}
-{{- define "pagoda.secretRules" -}}
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
 {{- end }}

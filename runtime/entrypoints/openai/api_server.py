@@ -9,6 +9,9 @@ Life cycle (what Kubernetes sees):
   server stops and the process exits 0.
 - the EngineCore dies: in-flight requests fail with an error, /health turns
   503, and shortly after the process exits 1 so the pod is restarted.
+
+With --admin-port the same server also listens on the admin port (admin.py):
+the adapter routes move there, behind their own key.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from types import FrameType
@@ -27,6 +31,7 @@ from pagoda.runtime.config import EngineArgs
 from pagoda.runtime.engine.async_llm import AsyncLLM
 from pagoda.runtime.engine.core_client import EngineDeadError
 from pagoda.runtime.engine.lora_registry import LoRARegistry
+from pagoda.runtime.entrypoints.openai.admin import ByPort, build_admin_app, listen
 from pagoda.runtime.entrypoints.openai.errors import (
     APIError,
     error_response,
@@ -89,10 +94,28 @@ class ServerConfig:
     # A JSON list of {name, path} the server's LoRA adapters converge on.
     lora_adapters_file: str | None = None
     lora_adapters_poll_interval: float = 2.0
+    # The admin listener (admin.py): None serves the adapter routes on `port`.
+    admin_port: int | None = None
+    admin_key: str | None = None
+
+
+@dataclass
+class ServerApps:
+    """The public app, and the admin port's app when there is one."""
+
+    public: FastAPI
+    admin: FastAPI | None = None
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
-    """The FastAPI app over a running engine."""
+    """The public FastAPI app over a running engine."""
+    return build_apps(engine, config, state).public
+
+
+def build_apps(
+    engine: AsyncLLM, config: ServerConfig, state: ServerState | None = None
+) -> ServerApps:
+    """The public app and, with `config.admin_port`, the admin app, over one engine."""
     state = state or ServerState()
     model_name = config.served_model_name or engine.args.model
     # /v1/models' `created` for the base model: when this server came up, the
@@ -180,7 +203,18 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
             cards += adapter_cards(engine.lora_registry, engine.max_model_len)
         return ModelList(data=cards).model_dump()
 
-    install_lora_routes(app, engine)
+    admin = None
+    if config.admin_port is None:
+        install_lora_routes(app, engine)
+    else:
+        admin = build_admin_app(
+            engine,
+            state,
+            config.admin_key,
+            health=health,
+            metrics=prometheus_metrics,
+            models=models,
+        )
 
     @app.post(
         "/v1/completions",
@@ -233,7 +267,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, state: ServerState | None 
             raise APIError(f"token id {bad} is outside [0, {vocab})", 400, "tokens")
         return JSONResponse({"prompt": engine.tokenizer.decode(body.tokens)})
 
-    return app
+    return ServerApps(app, admin)
 
 
 class _Server(uvicorn.Server):
@@ -295,8 +329,9 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
     state = ServerState()
     exit_code = 0
     watcher = None
+    sockets: list[socket.socket] = []
     try:
-        app = build_app(engine, config, state)
+        apps = build_apps(engine, config, state)
         if config.lora_adapters_file:
             # Loaded before the port opens: the first 200 on /health means the
             # adapters the file lists are served (or their errors logged).
@@ -307,6 +342,22 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
             )
             await watcher.sync()
             watcher.start()
+        try:
+            sockets.append(listen(config.host, config.port))
+            if config.admin_port is not None:
+                sockets.append(listen(config.host, config.admin_port))
+        except OSError as e:
+            logger.error("%s", e.strerror)
+            return 1
+        if config.admin_port is not None and not config.admin_key:
+            logger.warning(
+                "the admin port %d has no --admin-key: whoever reaches it can load and "
+                "unload adapters",
+                config.admin_port,
+            )
+        app = apps.public
+        if apps.admin is not None:
+            app = ByPort(apps.public, {sockets[1].getsockname()[1]: apps.admin})
         uv_config = uvicorn.Config(
             app,
             host=config.host,
@@ -327,16 +378,21 @@ async def serve(args: EngineArgs, config: ServerConfig) -> int:
 
         engine.on_dead(on_engine_dead)
         logger.info(
-            "serving %s on http://%s:%d (ready %.1f s after launch)",
+            "serving %s on http://%s:%d%s (ready %.1f s after launch)",
             config.served_model_name or args.model,
             config.host,
             config.port,
+            "" if config.admin_port is None else f", admin on port {config.admin_port}",
             time.monotonic() - started,
         )
-        await server.serve()
+        # Both sockets in one server: one shutdown stops accepting on both
+        # and closes them.
+        await server.serve(sockets=sockets)
         if not server.started:
-            exit_code = exit_code or 1  # e.g. the port was taken
+            exit_code = exit_code or 1
     finally:
+        for sock in sockets:
+            sock.close()  # uvicorn closed those it served; not those of a failed start
         if watcher is not None:
             await watcher.stop()
         await engine.shutdown()

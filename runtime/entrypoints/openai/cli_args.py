@@ -55,6 +55,20 @@ _SERVER_FLAGS: list[tuple[str, type, object, str]] = [
         "with the file (needs --enable-lora)",
     ),
     ("lora-adapters-poll-interval", float, 2.0, "seconds between checks of --lora-adapters-file"),
+    (
+        "admin-port",
+        int,
+        None,
+        "also listen on this port for the operator's routes (load/unload LoRA adapters, "
+        "/v1/models, /health, /metrics); the adapter routes then leave --port "
+        "(default: none, they stay on --port)",
+    ),
+    (
+        "admin-key",
+        str,
+        None,
+        "require `Authorization: Bearer KEY` on the admin port (independent of --api-key)",
+    ),
 ]
 
 
@@ -74,6 +88,13 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
     """Validated (engine args, server config); bad values raise ValueError naming the flag."""
     if not 0 < ns.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {ns.port}")
+    if ns.admin_port is not None:
+        if not 0 < ns.admin_port < 65536:
+            raise ValueError(f"--admin-port must be in 1..65535, got {ns.admin_port}")
+        if ns.admin_port == ns.port:
+            raise ValueError(f"--admin-port must differ from --port ({ns.port})")
+    elif ns.admin_key:
+        raise ValueError("--admin-key needs --admin-port")
     if ns.drain_timeout < 0:
         raise ValueError(f"--drain-timeout must be non-negative, got {ns.drain_timeout}")
     if ns.max_waiting_requests < 0:
@@ -106,5 +127,7 @@ def server_config_from(ns: argparse.Namespace) -> tuple[EngineArgs, ServerConfig
         log_level=ns.log_level,
         lora_adapters_file=ns.lora_adapters_file,
         lora_adapters_poll_interval=ns.lora_adapters_poll_interval,
+        admin_port=ns.admin_port,
+        admin_key=ns.admin_key or None,
     )
     return args, config

@@ -45,7 +45,10 @@ class ServerState:
 
 
 class ServerMiddleware:
-    """Pure ASGI middleware; `on_rejected(reason)` counts each refusal."""
+    """Pure ASGI middleware; `on_rejected(reason)` counts each refusal.
+
+    `api_key` is the bearer token this listener asks for (None: none);
+    `credential` names it in the 401's message."""
 
     def __init__(
         self,
@@ -54,10 +57,12 @@ class ServerMiddleware:
         api_key: str | None,
         max_body_bytes: int | None,
         on_rejected: Callable[[str], None] | None = None,
+        credential: str = "API key",
     ):
         self.app = app
         self.state = state
         self.api_key = f"Bearer {api_key}".encode() if api_key else None
+        self.credential = credential
         self.max_body_bytes = max_body_bytes
         self.on_rejected = on_rejected or (lambda reason: None)
 
@@ -95,7 +100,7 @@ class ServerMiddleware:
             # Constant time: the comparison must not leak the key's prefix.
             if not hmac.compare_digest(auth, self.api_key):
                 self.on_rejected("unauthorized")
-                return error_response("invalid or missing API key", 401)
+                return error_response(f"invalid or missing {self.credential}", 401)
         state = self.state
         if state.engine_dead:
             self.on_rejected("engine_dead")

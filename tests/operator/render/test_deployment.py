@@ -21,6 +21,13 @@ CONFIG = OperatorConfig(
 )
 
 
+# The admin port's key, from the admin Secret the operator keeps.
+ADMIN_KEY_ENV = {
+    "name": "PAGODA_ADMIN_KEY",
+    "valueFrom": {"secretKeyRef": {"name": "chat-admin", "key": "token"}},
+}
+
+
 def render(config: OperatorConfig = CONFIG, **spec: Any) -> dict[str, Any]:
     body = {
         "metadata": {"name": "chat", "namespace": "ml", "uid": "u-1", "generation": 3},
@@ -52,6 +59,8 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
         "0.0.0.0",
         "--port",
         "8000",
+        "--admin-port",
+        "8001",
         "--served-model-name",
         "chat",
         "--tensor-parallel-size",
@@ -60,9 +69,12 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
         "60",
     ]
     assert c["envFrom"] == [{"configMapRef": {"name": "chat-engine"}}]
-    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "admin", "containerPort": 8001, "protocol": "TCP"},
+    ]
     assert c["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
-    assert c["env"] == [{"name": "PAGODA_NUM_THREADS", "value": "1"}]  # one per core asked
+    assert c["env"] == [ADMIN_KEY_ENV, {"name": "PAGODA_NUM_THREADS", "value": "1"}]
     assert "volumeMounts" not in c
     assert "nodeSelector" not in pod(d) and "tolerations" not in pod(d) and "volumes" not in pod(d)
 
@@ -249,6 +261,22 @@ def test_api_key_comes_from_the_secret() -> None:
         "name": "PAGODA_API_KEY",
         "valueFrom": {"secretKeyRef": {"name": "keys", "key": "token"}},
     }
+
+
+def test_the_admin_port_is_declared_and_its_key_comes_from_the_admin_secret() -> None:
+    c = container(render(apiKeySecretRef={"name": "keys"}))
+    assert {"name": "admin", "containerPort": 8001, "protocol": "TCP"} in c["ports"]
+    assert c["args"][c["args"].index("--admin-port") + 1] == "8001"
+    assert ADMIN_KEY_ENV in c["env"]
+    # The user key is a separate credential from a separate Secret.
+    assert c["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "keys"
+    # Probes and scrape hints stay on the public port.
+    assert c["readinessProbe"]["httpGet"]["port"] == "http"
+    assert pod_annotations_of(render())["prometheus.io/port"] == "8000"
+
+
+def pod_annotations_of(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["annotations"]
 
 
 def test_user_env_comes_last_so_it_wins() -> None:

@@ -29,9 +29,9 @@ def test_budget_only_above_one_replica() -> None:
 
 
 def test_children_list_the_budget_as_absent_when_not_wanted() -> None:
-    one = render_children(llms(1), OperatorConfig())
-    assert [c["kind"] for c in one.present] == ["ConfigMap", "Service", "Deployment"]
+    one = render_children(llms(1), OperatorConfig(), "key")
+    assert [c["kind"] for c in one.present] == ["ConfigMap", "Secret", "Service", "Deployment"]
     assert ("PodDisruptionBudget", "chat") in [(a.kind, a.name) for a in one.absent]
-    three = render_children(llms(3), OperatorConfig())
+    three = render_children(llms(3), OperatorConfig(), "key")
     assert [c["kind"] for c in three.present][-1] == "PodDisruptionBudget"
     assert "PodDisruptionBudget" not in [a.kind for a in three.absent]

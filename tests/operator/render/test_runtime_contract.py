@@ -40,9 +40,10 @@ def test_runtime_reads_the_pod_as_the_spec_says(monkeypatch: pytest.MonkeyPatch)
     llms = parse({"metadata": {"name": "chat", "namespace": "ml"}, "spec": SPEC}, config)
     container = render_deployment(llms, config)["spec"]["template"]["spec"]["containers"][0]
     env = dict(render_configmap(llms)["data"])
-    # The Secret's value, as the kubelet would inject it from secretKeyRef.
-    assert container["env"][0]["name"] == "PAGODA_API_KEY"
+    # The Secrets' values, as the kubelet would inject them from secretKeyRef.
+    assert [v["name"] for v in container["env"][:2]] == ["PAGODA_API_KEY", "PAGODA_ADMIN_KEY"]
     env["PAGODA_API_KEY"] = "s3cret"
+    env["PAGODA_ADMIN_KEY"] = "operator-only"
     for key, value in env.items():
         monkeypatch.setenv(key, value)  # the env twins are read when the parser is built
 
@@ -61,4 +62,6 @@ def test_runtime_reads_the_pod_as_the_spec_says(monkeypatch: pytest.MonkeyPatch)
     assert (server.host, server.port) == ("0.0.0.0", container["ports"][0]["containerPort"])
     assert server.served_model_name == "tiny-chat"
     assert server.api_key == "s3cret"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert (server.admin_port, server.admin_key) == (ports["admin"], "operator-only")
     assert server.drain_timeout == 45

@@ -133,12 +133,12 @@ def test_only_a_service_that_may_scale_to_zero_reads_the_held_requests() -> None
 
 
 def test_the_scaled_object_is_a_child_only_in_keda_mode() -> None:
-    keda = render_children(keda_service(), OperatorConfig())
+    keda = render_children(keda_service(), OperatorConfig(), "key")
     assert [c["kind"] for c in keda.present][-1] == "ScaledObject"
     assert keda.present[-1]["metadata"]["ownerReferences"][0]["uid"] == "u"
     builtin = keda_service(mode="builtin")
     assert not wants_scaled_object(builtin)
-    absent = render_children(builtin, OperatorConfig()).absent
+    absent = render_children(builtin, OperatorConfig(), "key").absent
     assert ("ScaledObject", "chat") in [(a.kind, a.name) for a in absent]
     off = keda_service(enabled=False)
     assert not wants_scaled_object(off)

@@ -48,3 +48,13 @@ def test_endpoint_names_the_port_only_when_not_80() -> None:
     assert (
         endpoint(llms(service={"port": 8000}), config) == "http://chat.ml.svc.k8s.internal:8000/v1"
     )
+
+
+def test_the_admin_port_is_never_exposed() -> None:
+    for spec in (
+        {},
+        {"service": {"type": "LoadBalancer"}},
+        {"adapters": [{"name": "a", "source": "/a"}]},
+    ):
+        ports = render_service(llms(**spec))["spec"]["ports"]
+        assert [p["targetPort"] for p in ports] == ["http"]

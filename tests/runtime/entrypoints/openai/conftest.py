@@ -102,7 +102,7 @@ class ServerProcess:
         while time.monotonic() - start < timeout:
             if self.proc.poll() is not None:
                 log = self.log()
-                if "address already in use" in log and port_attempts > 1:
+                if "address already in use" in log.lower() and port_attempts > 1:
                     # free_port() only found a port free at that moment: an
                     # ephemeral port of another socket (a tensor-parallel
                     # worker's rendezvous) can take it before the server binds.
