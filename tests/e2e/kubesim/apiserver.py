@@ -24,7 +24,8 @@ the operator's correctness depends on the differences. `ApiServer` adds:
   an applied list refused (500, as the real server does); create-on-apply,
   merge / strategic-merge (built-in types only) / JSON patches, PUT;
 * watches from a resourceVersion out of a bounded history (`watches`), 410
-  Gone for a version no longer kept, BOOKMARK events, `timeoutSeconds`;
+  Gone for a version no longer kept, BOOKMARK events, `timeoutSeconds`, and
+  `end_watches()` to end them all as a restart does;
 * label and field selectors on lists and watches, refused with 400 when they
   do not parse or name an unsupported field; every list and watch request's
   selectors are kept in `watch_requests` for tests;
@@ -95,6 +96,7 @@ class WatchRequest:
     label_selector: str
     field_selector: str
     watch: bool
+    resource_version: str  # where a watch starts ("" for now); a list's is ignored
 
 
 def now() -> str:
@@ -167,6 +169,16 @@ class ApiServer(kmock.KubernetesEmulator):
     def install(self, crd: CustomResource) -> None:
         """Serve a custom resource with its CRD's schema (discovery: `resources.declare`)."""
         self.custom_resources[kmock.resource(crd.resource)] = crd
+
+    async def end_watches(self, compact: bool = False) -> None:
+        """End every open watch, as an API server restart does; `compact`: forget the history too.
+
+        Clients resume from the last version they saw; after a compaction
+        that version is gone and they get 410 Gone, then list again.
+        """
+        if compact:
+            self.history.compact()
+        await self.history.interrupt()
 
     def fail(
         self,
@@ -585,6 +597,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 params.get("labelSelector", ""),
                 params.get("fieldSelector", ""),
                 watch,
+                params.get("resourceVersion", ""),
             )
         )
         try:
@@ -627,6 +640,7 @@ class ApiServer(kmock.KubernetesEmulator):
         bookmarks = params.get("allowWatchBookmarks") == "true"
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        epoch = self.history.epoch
         yield b""
 
         version = int(since)
@@ -660,6 +674,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 until_bookmark = max(0.0, last_sent + self.bookmark_seconds - loop.time())
                 wait = until_bookmark if wait is None else min(wait, until_bookmark)
             await self.history.wait(version, wait)
+            if self.history.epoch != epoch:
+                return  # ended by the server (`end_watches`)
             idle = self.history.newest <= version  # only an idle watch needs a bookmark
             if bookmarks and idle and loop.time() - last_sent >= self.bookmark_seconds:
                 last_sent = loop.time()

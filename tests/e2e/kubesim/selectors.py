@@ -9,7 +9,7 @@ kube-apiserver answers "field label not supported".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +105,6 @@ class Selection:
         return all(r.matches(labels) for r in self.labels) and all(
             t.matches(obj) for t in self.fields
         )
-
-    def predicate(self) -> Callable[[Mapping[str, Any]], bool]:
-        """`matches`, as a function."""
-        return self.matches
 
 
 __all__ = ["FieldTerm", "Selection", "SelectorError", "parse_fields"]

@@ -45,6 +45,7 @@ class EventLog:
         self._compacted = 0  # the newest version no longer kept
         self._last = 0
         self._newest = 0  # the newest version with its event recorded
+        self._epoch = 0  # bumped to end every open watch
         self._changed: asyncio.Condition | None = None
 
     @property
@@ -56,6 +57,18 @@ class EventLog:
     def newest(self) -> int:
         """The newest resourceVersion whose event is recorded."""
         return self._newest
+
+    @property
+    def epoch(self) -> int:
+        """Changes when every open watch must end (`interrupt`)."""
+        return self._epoch
+
+    async def interrupt(self) -> None:
+        """Wake every waiting watch with a new epoch, so that each ends its stream."""
+        self._epoch += 1
+        condition = self._condition()
+        async with condition:
+            condition.notify_all()
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
@@ -90,8 +103,12 @@ class EventLog:
         return [event for event in self._events if event.version > version]
 
     async def wait(self, version: int, timeout: float | None) -> None:
-        """Return once an event newer than `version` exists, or after `timeout` s."""
+        """Return once an event newer than `version` exists, on `interrupt`, or after `timeout` s."""
+        epoch = self._epoch
         condition = self._condition()
         async with condition:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(condition.wait_for(lambda: self._newest > version), timeout)
+                await asyncio.wait_for(
+                    condition.wait_for(lambda: self._newest > version or self._epoch != epoch),
+                    timeout,
+                )
