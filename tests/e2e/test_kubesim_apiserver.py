@@ -376,6 +376,17 @@ def test_transition_rules_run_only_on_updates_with_an_old_value() -> None:
     assert cause.field == "spec.size" and cause.message.endswith("no shrinking")
 
 
+def test_number_fields_are_doubles_in_cel_even_when_written_as_integers() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"target": {"type": "number"}, "count": {"type": "integer"}},
+        "x-kubernetes-validations": [
+            {"rule": "type(self.target) == double && type(self.count) == int"}
+        ],
+    }
+    assert cel.evaluate(schema, {"target": 4, "count": 4}, None) == []
+
+
 def test_an_unchanged_invalid_value_is_ratcheted_on_update() -> None:
     crd = _crd()
     old = crd.admit(llmservice(), None).obj

@@ -88,10 +88,26 @@ def walk_rules(schema: Schema, path: Path = ()) -> Iterator[tuple[Path, dict[str
         yield from walk_rules(schema["additionalProperties"], (*path, "{}"))
 
 
-def _root_view(obj: dict[str, Any]) -> dict[str, Any]:
+def typed(value: Any, schema: Schema) -> Any:
+    """A JSON value with the CEL types its schema gives it.
+
+    A `type: number` value is a double even when written as an integer, as
+    the API server converts it (so `type(self) == double` holds).
+    """
+    if isinstance(value, dict):
+        return {k: typed(v, child_schema(schema, k) or {}) for k, v in value.items()}
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return [typed(item, items) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and schema.get("type") == "number":
+        return float(value)
+    return value
+
+
+def _root_view(obj: dict[str, Any], schema: Schema) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "generateName") if k in meta}
-    return {**obj, "metadata": kept}
+    return typed({**obj, "metadata": kept}, schema)
 
 
 def evaluate(
@@ -106,15 +122,8 @@ def evaluate(
     are added to `evaluated` (their text), for tests that want every rule run.
     """
     found: list[tuple[Path, Cause]] = []
-    _walk(
-        schema,
-        _root_view(new),
-        _root_view(old) if old else None,
-        old is not None,
-        (),
-        found,
-        evaluated,
-    )
+    before = _root_view(old, schema) if old else None
+    _walk(schema, _root_view(new, schema), before, old is not None, (), found, evaluated)
     return found
 
 
