@@ -31,6 +31,7 @@ from kubesim.testing import (
     patch,
     path_of,
 )
+from kubesim.watches import EventLog, Expired
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.llmservice import InvalidSpec, parse
 
@@ -619,3 +620,14 @@ async def test_the_server_records_what_each_list_and_watch_asked_for(api: ApiSer
         (CONFIGMAPS, "team=ml", "", False),
         (CONFIGMAPS, "", "metadata.name=a", True),
     ]
+
+
+async def test_the_history_gives_the_events_after_a_version_and_expires_old_ones() -> None:
+    log = EventLog(size=3)
+    for _ in range(5):
+        version = log.next_version()
+        await log.append("r", "MODIFIED", {"v": version}, version)
+    assert [e.version for e in log.since(3)] == [4, 5]
+    assert log.since(5) == []
+    with pytest.raises(Expired):
+        log.since(1)

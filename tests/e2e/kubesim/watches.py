@@ -14,6 +14,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,8 @@ class EventLog:
         return self._last
 
     async def append(self, resource: Any, kind: str, obj: dict[str, Any], version: int) -> None:
-        """Record an event and wake the watchers."""
+        """Record an event (of the version `next_version` gave) and wake the watchers."""
+        assert version == self._newest + 1, "each version handed out is recorded, in order"
         self._events.append(Event(version, resource, kind, copy.deepcopy(obj)))
         self._newest = version
         while len(self._events) > self.size:
@@ -100,7 +102,12 @@ class EventLog:
         """The kept events newer than `version` (raises Expired if some are no longer kept)."""
         if version < self._compacted:
             raise Expired(version, self._compacted + 1)
-        return [event for event in self._events if event.version > version]
+        if not self._events or version >= self._newest:
+            return []
+        # Every version handed out has its event, so they are consecutive: skip by offset
+        # (each watcher asks on every change; a scan of the whole history would not scale).
+        start = max(0, version - self._events[0].version + 1)
+        return list(itertools.islice(self._events, start, None))
 
     async def wait(self, version: int, timeout: float | None) -> None:
         """Return once an event newer than `version` exists, on `interrupt`, or after `timeout` s."""
