@@ -27,7 +27,6 @@ from kubesim.errors import Cause, go_value
 Schema = dict[str, Any]
 # The root's metadata is ObjectMeta, validated and pruned by its own rules, not the CRD's.
 ROOT_KEPT = ("apiVersion", "kind", "metadata")
-_PASSED = {"description", "default", "example", "externalDocs", "title"}
 _KEYWORDS = {
     "type", "format", "properties", "additionalProperties", "items", "required", "enum",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
