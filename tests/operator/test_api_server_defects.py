@@ -5,7 +5,7 @@ keys in an applied list and runs the CRD's CEL rules on /scale and every
 update, and answers 409 to a write with a stale resourceVersion. Each test
 below is the operator's expected behaviour against that server; they are
 skipped until the named defect of the operator is fixed (each fails without
-its skip, and passed against the kubesim that lacked the behaviour).
+its skip).
 """
 
 from __future__ import annotations
