@@ -131,6 +131,8 @@ class Model(BaseModel):
 def _quantity(value: int | str | None) -> str | None:
     if value is None:
         return None
+    if isinstance(value, int) and value < 0:
+        raise ValueError("must not be negative")
     text = str(value)
     if len(text) > QUANTITY_MAX or not re.match(QUANTITY_PATTERN, text):
         raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)")

@@ -19,6 +19,7 @@ from kubesim.testing import (
     PDBS,
     SERVICES,
     condition,
+    crd_changed,
     create,
     delete,
     events,
@@ -29,7 +30,9 @@ from kubesim.testing import (
     patch,
     path_of,
     requests_to,
+    spec_open,
     version,
+    without_rules,
 )
 
 CHILDREN = ((DEPLOYMENTS, "chat"), (SERVICES, "chat"), (CONFIGMAPS, "chat-engine"))
@@ -94,7 +97,8 @@ async def test_create_renders_children_with_owner_references(operator: ApiServer
     for child in (deployment, service, configmap):
         (owner,) = child["metadata"]["ownerReferences"]
         assert owner["kind"] == "LLMService" and owner["name"] == "chat"
-        assert owner["uid"] == "uid-chat" and owner["controller"] is True
+        uid = obj(operator, LLMS, "chat")["metadata"]["uid"]  # the server's, not the client's
+        assert owner["uid"] == uid and owner["controller"] is True
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.test/pagoda-runtime:1"
     assert container["command"] == ["pagoda", "serve"]
@@ -210,9 +214,10 @@ async def test_hand_edited_child_is_repaired_with_an_event(operator: ApiServer) 
 
 
 async def test_invalid_spec_is_degraded_with_an_event_and_no_children(operator: ApiServer) -> None:
-    # Four GPUs for one rank: the CEL rule would reject it at admission; the
-    # simulated API server does not run CEL, so the operator must.
-    await create(operator, llmservice("bad", resources={"gpus": 4}))
+    # Four GPUs for one rank: the CEL rule rejects it at admission, but an object
+    # stored before the rule existed is still there, so the operator checks too.
+    with crd_changed(operator, without_rules):
+        await create(operator, llmservice("bad", resources={"gpus": 4}))
     await create(operator, llmservice("good"))
     degraded = await eventually(lambda: condition(operator, "bad", "Degraded"))
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
@@ -428,10 +433,11 @@ async def test_fields_of_a_newer_crd_are_ignored_with_a_log_line(
     operator: ApiServer, caplog: Any
 ) -> None:
     caplog.set_level("WARNING")
-    await create(operator, llmservice(guardrails=[{"name": "pii"}], futureKnob=3))
-    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
-    await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
-    await eventually(lambda: "spec.guardrails, spec.futureKnob" in caplog.text)
+    with crd_changed(operator, spec_open):  # the cluster runs a newer CRD than this operator's
+        await create(operator, llmservice(guardrails=[{"name": "pii"}], futureKnob=3))
+        await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
+        await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
+        await eventually(lambda: "spec.guardrails, spec.futureKnob" in caplog.text)
     assert "ignoring fields this operator does not know" in caplog.text
 
 

@@ -9,6 +9,7 @@ from kubesim.apiserver import ApiServer
 from kubesim.testing import (
     CONFIGMAPS,
     DEPLOYMENTS,
+    LLMS,
     NS,
     PDBS,
     SERVICES,
@@ -88,7 +89,7 @@ async def test_once_the_name_is_free_the_operator_creates_its_own(operator: ApiS
     mine = await eventually(
         lambda: obj(operator, SERVICES, "chat")["metadata"].get("ownerReferences")
     )
-    assert mine[0]["uid"] == "uid-chat"
+    assert mine[0]["uid"] == obj(operator, LLMS, "chat")["metadata"]["uid"]
     await eventually(lambda: condition(operator, "chat", "Degraded")["status"] == "False")
 
 

@@ -17,6 +17,7 @@ import pytest
 from kubesim.apiserver import ApiServer
 from kubesim.testing import (
     DEPLOYMENTS,
+    LLMS,
     NS,
     condition,
     create,
@@ -45,7 +46,10 @@ def key_of(server: ApiServer) -> str:
 async def test_the_admin_secret_is_made_once_and_then_kept(operator: ApiServer) -> None:
     await create(operator, llmservice())
     secret = await eventually(lambda: obj(operator, SECRETS, ADMIN))
-    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-chat"
+    assert (
+        secret["metadata"]["ownerReferences"][0]["uid"]
+        == obj(operator, LLMS, "chat")["metadata"]["uid"]
+    )
     assert len(key_of(operator)) >= 43
     deployment = await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]

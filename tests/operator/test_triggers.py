@@ -21,7 +21,6 @@ from kubesim.testing import (
     path_of,
 )
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.handlers import child_selector
 from pagoda.operator.llmservice import parse
 from pagoda.operator.main import CHILDREN
 from pagoda.operator.metrics import REGISTRY
@@ -50,26 +49,6 @@ def test_events_map_to_the_owning_llmservice() -> None:
     }
     assert owner_key("EndpointSlice", endpoint_slice) == (NS, "chat")
     assert owner_key("Pod", {"metadata": {"namespace": NS, "labels": {}}}) is None
-
-
-async def test_owned_kinds_are_listed_and_watched_with_a_server_side_selector(
-    operator: ApiServer,
-) -> None:
-    await create(operator, llmservice())
-    await eventually(lambda: obj(operator, DEPLOYMENTS, "chat"))
-    watched: dict[str, set[str]] = {}  # kopf's lists and watches (not the reconcile's reads)
-    for request in list(operator):
-        if request.resource is None or request.name is not None:
-            continue
-        agent = {k.lower(): v for k, v in dict(request.headers).items()}.get("user-agent", "")
-        if str(request.method.value).upper() == "GET" and agent.startswith("kopf"):
-            plural = request.resource.plural
-            watched.setdefault(plural, set()).add(dict(request.params).get("labelSelector", ""))
-    for kind, resource in CHILDREN.items():
-        selectors = watched.get(resource[-1])
-        assert selectors, f"{kind} is not listed or watched"
-        assert selectors == {child_selector(resource)}, (kind, selectors)
-        assert "app.kubernetes.io/managed-by=pagoda-operator" in child_selector(resource)
 
 
 async def test_a_poke_wakes_only_a_running_loop() -> None:

@@ -1,22 +1,35 @@
 """kmock, plus the API-server behaviour the operator depends on.
 
 kmock 0.8 merges every write into the stored dict, keeps whatever
-resourceVersion a client sent, ignores label selectors, answers 404 to an
-apply of a missing object and treats every subresource as the whole object.
-A real API server does none of that, and the operator's correctness depends
-on the differences. `ApiServer` adds, per write:
+resourceVersion and uid a client sent, ignores selectors, answers 404 to an
+apply of a missing object, treats every subresource as the whole object and
+streams watches without versions. A real API server does none of that, and
+the operator's correctness depends on the differences. `ApiServer` adds:
 
 * a new resourceVersion for every change and *none* for a write that changes
-  nothing (the operator applies on every resync and counts on it);
-* `metadata.generation` bumped when anything but metadata and status changes;
+  nothing (the operator applies on every resync and counts on it); a 409
+  Conflict for an update, patch or apply (of the object, /status or /scale)
+  that carries a resourceVersion other than the stored one;
+* server-assigned uid, creationTimestamp and generation (bumped when
+  anything but metadata and status changes);
 * the `status` subresource: writes to the object keep its status, writes to
-  `/status` change only the status; the `scale` subresource of a resource
-  declared with it (autoscaling/v1 Scale, backed by spec.replicas);
+  `/status` change only the status; the `scale` subresource (autoscaling/v1
+  Scale, backed by spec.replicas);
+* custom resources served from their CRD (`install`): unknown fields pruned
+  (a warning, or 400 with fieldValidation=Strict), `default`s applied, the
+  structural schema and its CEL rules validated on every write, /status and
+  /scale included (422 Invalid with the causes); see `crd`;
 * server-side apply with field ownership per manager (`fields.apply`),
-  create-on-apply, merge / strategic-merge / JSON patches, PUT;
-* label selectors on lists and watches, delete preconditions (uid,
-  resourceVersion), updates (PUT) only of the stored resourceVersion,
-  generateName, uid and creationTimestamp;
+  list-map keys from the CRD schema or the built-in types, duplicate keys in
+  an applied list refused (500, as the real server does); create-on-apply,
+  merge / strategic-merge (built-in types only) / JSON patches, PUT;
+* watches from a resourceVersion out of a bounded history (`watches`), 410
+  Gone for a version no longer kept, BOOKMARK events, `timeoutSeconds`, and
+  `end_watches()` to end them all as a restart does;
+* label and field selectors on lists and watches, refused with 400 when they
+  do not parse or name an unsupported field; every list and watch request's
+  selectors are kept in `watch_requests` for tests;
+* delete preconditions (uid, resourceVersion), finalizers, generateName;
 * injected failures and delays (`fail()`), to test error handling.
 """
 
@@ -25,19 +38,22 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
-import itertools
+import json
 import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp.web
 import attrs
 import kmock
+import multidict
 import yaml
-from kubesim import fields, patches
-from kubesim.labels import matches_selector
+from kubesim import errors, fields, patches
+from kubesim.crd import CustomResource
+from kubesim.labels import SelectorError
+from kubesim.selectors import Selection
+from kubesim.watches import EventLog, Expired
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -71,9 +87,27 @@ class Failure:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class WatchRequest:
+    """What one list or watch asked the server for."""
+
+    resource: str  # group/version/plural, as kubesim names resources
+    namespace: str | None
+    label_selector: str
+    field_selector: str
+    watch: bool
+    resource_version: str  # where a watch starts ("" for now); a list's is ignored
+
+
 def now() -> str:
     """RFC 3339, as the API server writes timestamps."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resource_name(resource: Any) -> str:
+    """`group/version/plural` (`v1/pods` for the core group)."""
+    prefix = f"{resource.group}/" if resource.group else ""
+    return f"{prefix}{resource.version}/{resource.plural}"
 
 
 def _content_type(request: kmock.Request) -> str:
@@ -102,22 +136,50 @@ def _spec_part(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+def _answer(
+    obj: dict[str, Any], status: int = 200, warnings: list[str] | None = None
+) -> aiohttp.web.Response:
+    """A JSON answer, with the API server's `Warning: 299` headers."""
+    headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(w)}") for w in warnings or [])
+    return aiohttp.web.json_response(obj, status=status, headers=headers)
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """A kmock emulator that behaves like kube-apiserver where it matters."""
 
     server_version: tuple[int, int] = (1, 31)
+    # How often an idle watch that allows them gets a BOOKMARK.
+    bookmark_seconds: float = 5.0
+    # Events kept for watches to resume from (etcd's history between compactions).
+    history_size: int = 2000
+    watch_requests: list[WatchRequest] = attrs.field(factory=list, init=False)
+    custom_resources: dict[Any, CustomResource] = attrs.field(factory=dict, init=False)
+    history: EventLog = attrs.field(init=False)
     _owners: dict[Key, dict[str, set[fields.Path]]] = attrs.field(factory=dict, init=False)
     _failures: list[Failure] = attrs.field(factory=list, init=False)
-    _counter: Any = attrs.field(factory=lambda: itertools.count(1000), init=False)
-    _last_version: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self.history = EventLog(self.history_size)
         # The official client asks for /version/ (kmock serves only /version).
         self.fallback["get /version/"] << self._serve_server_version
 
     # ----------------------------------------------------------------- test API
+    def install(self, crd: CustomResource) -> None:
+        """Serve a custom resource with its CRD's schema (discovery: `resources.declare`)."""
+        self.custom_resources[kmock.resource(crd.resource)] = crd
+
+    async def end_watches(self, compact: bool = False) -> None:
+        """End every open watch, as an API server restart does; `compact`: forget the history too.
+
+        Clients resume from the last version they saw; after a compaction
+        that version is gone and they get 410 Gone, then list again.
+        """
+        if compact:
+            self.history.compact()
+        await self.history.interrupt()
+
     def fail(
         self,
         method: str,
@@ -164,12 +226,12 @@ class ApiServer(kmock.KubernetesEmulator):
         }
 
     # ----------------------------------------------------------------- serving
-    def _version(self) -> str:
-        self._last_version = next(self._counter)
-        return str(self._last_version)
-
     def _has_subresource(self, resource: Any, name: str) -> bool:
         return resource in self.resources and name in self.resources[resource].subresources
+
+    def _keys_of(self, resource: Any) -> fields.ListKeys:
+        crd = self.custom_resources.get(resource)
+        return crd.list_keys if crd is not None else fields.builtin_keys
 
     async def _serve_server_version(self, request: kmock.Request) -> dict[str, Any]:
         major, minor = self.server_version
@@ -194,10 +256,10 @@ class ApiServer(kmock.KubernetesEmulator):
             if obj is None:
                 raise kmock.KubernetesObjectNotFoundError()
             return aiohttp.web.json_response(self._scale_of(obj))
-        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
-            self._prepare_create(request.data, _manager(request), request)
+        if request.action == kmock.action.CREATE:
+            return await self._create(request)
         if request.action == kmock.action.DELETE and request.name is not None:
-            self._check_preconditions(request)
+            return await self._delete(request)
         return await super()._handle(request)
 
     def _stored(self, key: Key) -> dict[str, Any] | None:
@@ -205,28 +267,90 @@ class ApiServer(kmock.KubernetesEmulator):
             return None
         return copy.deepcopy(self.objects[key].raw)
 
-    def _prepare_create(self, data: dict[str, Any], manager: str, request: kmock.Request) -> None:
+    def _admit(
+        self,
+        request: kmock.Request,
+        name: str,
+        new: dict[str, Any],
+        old: dict[str, Any] | None,
+        warnings: list[str],
+    ) -> dict[str, Any]:
+        """The object a custom resource's write stores: pruned, defaulted, validated."""
+        crd = self.custom_resources.get(request.resource)
+        if crd is None:
+            warnings += fields.shadowed_env(new)
+            return new
+        admission = crd.admit(new, old)
+        if admission.causes:
+            raise errors.invalid(crd.kind, request.resource, name, admission.causes)
+        unknown = [f'unknown field "{path}"' for path in admission.pruned]
+        validation = dict(request.params).get("fieldValidation", "Warn")
+        if unknown and validation == "Strict":
+            raise errors.bad_request("strict decoding error: " + ", ".join(unknown))
+        if validation == "Warn":
+            warnings += unknown
+        return admission.obj
+
+    async def _create(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if not isinstance(request.data, dict):
+            raise errors.bad_request("the body of a create must be an object")
+        manager, warnings = _manager(request), []
+        data = copy.deepcopy(request.data)
         meta = data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        meta.setdefault("namespace", request.namespace)
-        meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", now())
-        meta["generation"] = 1
-        meta["resourceVersion"] = self._version()
-        key = (request.resource, meta.get("namespace") or request.namespace, meta["name"])
-        if self._stored(key) is not None:
-            return  # kmock answers 409 Conflict
-        owners = fields.update_owners({}, _user_fields(data), manager, {})
-        self._owners[key] = owners
-        meta["managedFields"] = self._managed_fields(owners, {manager: "Update"})
+        if meta.get("resourceVersion"):
+            raise errors.internal("resourceVersion should not be set on objects to be created")
+        namespace = request.namespace or meta.get("namespace")
+        if namespace:
+            meta["namespace"] = namespace
+        key: Key = (request.resource, namespace, meta.get("name") or "")
+        async with self._lock:
+            if self._stored(key) is not None:
+                raise kmock.KubernetesError(
+                    409,
+                    "AlreadyExists",
+                    f'{errors.qualified(request.resource)} "{key[2]}" already exists',
+                    {"name": key[2], "kind": request.resource.plural},
+                )
+            crd = self.custom_resources.get(request.resource)
+            if crd is not None and "status" in crd.subresources:
+                data.pop("status", None)  # set only through /status
+            data = self._admit(request, key[2], data, None, warnings)
+            meta = data["metadata"]
+            # The server names the object's identity; a client's uid is ignored.
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
+            meta.pop("managedFields", None)
+            owners = fields.update_owners(
+                {}, _user_fields(data), manager, {}, self._keys_of(request.resource)
+            )
+            self._owners[key] = owners
+            meta["managedFields"] = self._managed_fields(owners, {manager: "Update"})
+            await self._store(request.resource, key, None, data)
+        return _answer(data, 201, warnings)
 
-    def _check_preconditions(self, request: kmock.Request) -> None:
+    async def _delete(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        key: Key = (request.resource, request.namespace, request.name or "")
+        async with self._lock:
+            old = self._stored(key)
+            if old is None:
+                raise kmock.KubernetesObjectNotFoundError()
+            self._check_preconditions(request, old)
+            meta = old.get("metadata", {})
+            if meta.get("finalizers"):
+                if meta.get("deletionTimestamp"):
+                    return _answer(old)
+                # Finalizers hold it: deletion is a write that marks it.
+                new = copy.deepcopy(old)
+                new["metadata"].update(deletionTimestamp=now(), deletionGracePeriodSeconds=0)
+                await self._store(request.resource, key, old, new)
+                return _answer(new)
+            await self._remove(request.resource, key, old)
+            return _answer(old)
+
+    def _check_preconditions(self, request: kmock.Request, obj: dict[str, Any]) -> None:
         body = request.data if isinstance(request.data, dict) else {}
         wanted = body.get("preconditions") or {}
-        obj = self._stored((request.resource, request.namespace, request.name))
-        if obj is None or not wanted:
-            return
         meta = obj.get("metadata", {})
         for field, live in (
             ("uid", meta.get("uid")),
@@ -240,25 +364,6 @@ class ApiServer(kmock.KubernetesEmulator):
                     f"{field} in object meta: {live}",
                 )
 
-    @staticmethod
-    def _check_update_version(old: dict[str, Any], new: dict[str, Any]) -> None:
-        """An update (PUT) that names a resourceVersion other than the stored one is refused.
-
-        This is the optimistic concurrency every read-modify-write relies on
-        (leader election among them): of two writers that read the same
-        version, only the first one's update is stored. Built-in kinds allow
-        an update without a version (unconditional).
-        """
-        sent = (new.get("metadata") or {}).get("resourceVersion")
-        live = (old.get("metadata") or {}).get("resourceVersion")
-        if sent and sent != live:
-            raise kmock.KubernetesError(
-                409,
-                "Conflict",
-                "Operation cannot be fulfilled: the object has been modified; "
-                "please apply your changes to the latest version and try again",
-            )
-
     def _scale_of(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.get("metadata", {})
         return {
@@ -267,7 +372,9 @@ class ApiServer(kmock.KubernetesEmulator):
             "metadata": {
                 "name": meta.get("name"),
                 "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
                 "resourceVersion": meta.get("resourceVersion"),
+                "creationTimestamp": meta.get("creationTimestamp"),
             },
             "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
             "status": {
@@ -288,15 +395,42 @@ class ApiServer(kmock.KubernetesEmulator):
             if ctype == JSON_PATCH or isinstance(data, list):
                 return patches.json_patch(old or {}, data)
             if ctype == STRATEGIC:
+                if request.resource in self.custom_resources:
+                    raise errors.unsupported_media_type(
+                        "the body of the request was in an unknown format - accepted media "
+                        f"types include: {JSON_PATCH}, {MERGE}, {APPLY}"
+                    )
                 return patches.strategic_merge_patch(old or {}, data)
             return patches.merge_patch(old or {}, data)
         except patches.PatchError as e:
             raise kmock.KubernetesError(422, "Invalid", str(e)) from None
 
+    @staticmethod
+    def _check_version(resource: Any, name: str, sent: Any, old: dict[str, Any] | None) -> None:
+        """A write that names a resourceVersion is conditional on it (optimistic concurrency)."""
+        wanted = ((sent or {}).get("metadata") or {}).get("resourceVersion")
+        live = ((old or {}).get("metadata") or {}).get("resourceVersion")
+        if wanted and old is not None and wanted != live:
+            raise errors.conflict(resource, name)
+
+    def _typed_apply_errors(self, request: kmock.Request, config: dict[str, Any]) -> None:
+        """An applied configuration must type: no duplicate keys in its associative lists."""
+        duplicates = fields.duplicate_keys(config, self._keys_of(request.resource))
+        if not duplicates:
+            return
+        api_version = config.get("apiVersion") or resource_name(request.resource).rsplit("/", 1)[0]
+        kind = config.get("kind") or request.resource.plural
+        detail = duplicates[0] if len(duplicates) == 1 else "errors:\n  " + "\n  ".join(duplicates)
+        raise errors.internal(
+            f"failed to create typed patch object ({request.namespace}/{request.name}; "
+            f"{api_version}, Kind={kind}): {detail}"
+        )
+
     async def _write(self, request: kmock.Request, method: str) -> aiohttp.web.StreamResponse:
         resource, sub = request.resource, request.subresource
         key: Key = (resource, request.namespace, request.name or "")
-        manager = _manager(request)
+        manager, warnings = _manager(request), []
+        keys_of = self._keys_of(resource)
         async with self._lock:
             old = self._stored(key)
             is_apply = method == "PATCH" and _content_type(request) == APPLY
@@ -305,16 +439,24 @@ class ApiServer(kmock.KubernetesEmulator):
             owners = self._owners.get(key, {})
             if sub == "scale":
                 scale = self._patched(self._scale_of(old or {}), request, method)
+                self._check_version(resource, key[2], scale, old)
                 new = copy.deepcopy(old or {})
-                new.setdefault("spec", {})["replicas"] = scale["spec"]["replicas"]
+                new.setdefault("spec", {})["replicas"] = (scale.get("spec") or {}).get("replicas")
             elif is_apply:
                 config = request.data if request.data is not None else yaml.safe_load(request.text)
                 if not isinstance(config, dict):
-                    raise kmock.KubernetesError(400, "BadRequest", "apply needs an object")
+                    raise errors.bad_request("apply needs an object")
+                self._check_version(resource, key[2], config, old)
+                self._typed_apply_errors(request, config)
                 force = dict(request.params).get("force") == "true"
                 try:
                     new, owners = fields.apply(
-                        _user_fields(old or {}), _user_fields(config), manager, owners, force
+                        _user_fields(old or {}),
+                        _user_fields(config),
+                        manager,
+                        owners,
+                        force,
+                        keys_of,
                     )
                 except fields.ApplyConflict as e:
                     raise kmock.KubernetesError(409, "Conflict", str(e)) from None
@@ -326,31 +468,37 @@ class ApiServer(kmock.KubernetesEmulator):
                 new = self._patched(old, request, method)
                 if not isinstance(new, dict):
                     raise kmock.KubernetesError(422, "Invalid", "the result is not an object")
-                if method == "PUT":
-                    self._check_update_version(old or {}, new)
+                self._check_version(resource, key[2], new, old)
             new = self._subresource_view(resource, sub, old, new)
+            new = self._admit(request, key[2], new, old, warnings)
             if not is_apply:
                 owners = fields.update_owners(
-                    _user_fields(old or {}), _user_fields(new), manager, owners
+                    _user_fields(old or {}), _user_fields(new), manager, owners, keys_of
                 )
             unchanged = old is not None and _user_fields(new) == _user_fields(old)
             if unchanged and owners == self._owners.get(key, {}):
                 # A write that changes nothing is not a write: no new
                 # resourceVersion, no watch event (what the operator relies on).
-                return aiohttp.web.json_response(self._answer(old or {}, sub))
+                return _answer(self._view(old or {}, sub), 200, warnings)
             self._owners[key] = owners
-            new = self._stamp(resource, key, old, new, owners, manager, is_apply)
-            await self._store(resource, key, old, new)
-            return aiohttp.web.json_response(self._answer(new, sub))
+            new = self._stamp(key, old, new, owners, manager, is_apply)
+            if old is not None and self._released(new):
+                await self._remove(resource, key, new)
+            else:
+                await self._store(resource, key, old, new)
+            return _answer(self._view(new, sub), 201 if old is None else 200, warnings)
 
-    def _answer(self, obj: dict[str, Any], sub: str | None) -> dict[str, Any]:
+    def _view(self, obj: dict[str, Any], sub: str | None) -> dict[str, Any]:
         return self._scale_of(obj) if sub == "scale" else obj
 
     def _subresource_view(
         self, resource: Any, sub: str | None, old: dict[str, Any] | None, new: dict[str, Any]
     ) -> dict[str, Any]:
-        if old is None or not self._has_subresource(resource, "status"):
+        if not self._has_subresource(resource, "status"):
             return new
+        if old is None:
+            # Created by an apply: the status is set only through /status.
+            return {k: v for k, v in new.items() if k != "status"}
         if sub == "status":
             # Only the status changes through /status.
             return {**copy.deepcopy(old), "status": new.get("status", {})}
@@ -366,7 +514,6 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def _stamp(
         self,
-        resource: Any,
         key: Key,
         old: dict[str, Any] | None,
         new: dict[str, Any],
@@ -378,16 +525,16 @@ class ApiServer(kmock.KubernetesEmulator):
         old_meta = (old or {}).get("metadata", {})
         meta["name"], meta["namespace"] = key[2], key[1]
         if old is None:
-            meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+            meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = now()
             meta["generation"] = 1
         else:
-            for name in ("uid", "creationTimestamp"):
-                meta[name] = old_meta.get(name)
+            for name in ("uid", "creationTimestamp", "deletionTimestamp"):
+                if old_meta.get(name):
+                    meta[name] = old_meta[name]
             generation = old_meta.get("generation") or 1
             changed = _spec_part(_user_fields(new)) != _spec_part(_user_fields(old))
             meta["generation"] = generation + 1 if changed else generation
-        meta["resourceVersion"] = self._version()
         operations = {
             entry.get("manager"): entry.get("operation")
             for entry in old_meta.get("managedFields") or []
@@ -411,55 +558,150 @@ class ApiServer(kmock.KubernetesEmulator):
             for manager, paths in sorted(owners.items())
         ]
 
+    @staticmethod
+    def _released(obj: dict[str, Any]) -> bool:
+        """Marked for deletion and no finalizer left: the object goes."""
+        meta = obj.get("metadata", {})
+        return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
+
     async def _store(
         self, resource: Any, key: Key, old: dict[str, Any] | None, new: dict[str, Any]
     ) -> None:
-        meta = new.get("metadata", {})
-        if old is not None and meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            # The last finalizer is gone: the object goes.
-            self.objects[key].delete()
-            self._owners.pop(key, None)
-            await self._buses[resource].put({"type": "DELETED", "object": new})
-            return
+        """Keep a new version under the next resourceVersion, and tell the watches."""
+        version = self.history.next_version()
+        new["metadata"]["resourceVersion"] = str(version)
         if key not in self.objects:
             self.objects[key] = new
         elif self.objects[key].deleted:
             self.objects[key].create(new)
         else:
             self.objects[key].history.append(new)
-        event = "ADDED" if old is None else "MODIFIED"
-        await self._buses[resource].put({"type": event, "object": copy.deepcopy(new)})
+        await self.history.append(resource, "ADDED" if old is None else "MODIFIED", new, version)
 
-    # Lists and watches honour labelSelector (kmock ignores it).
+    async def _remove(self, resource: Any, key: Key, last: dict[str, Any]) -> None:
+        """Delete an object; the DELETED event carries a new resourceVersion."""
+        self.objects[key].delete()
+        self._owners.pop(key, None)
+        version = self.history.next_version()
+        last["metadata"]["resourceVersion"] = str(version)
+        await self.history.append(resource, "DELETED", last, version)
+
+    # ----------------------------------------------------------------- reading
+    def _selection(self, request: kmock.Request, watch: bool) -> Selection:
+        """The request's selectors, recorded for tests and parsed (400 if refused)."""
+        params = dict(request.params)
+        self.watch_requests.append(
+            WatchRequest(
+                resource_name(request.resource),
+                request.namespace,
+                params.get("labelSelector", ""),
+                params.get("fieldSelector", ""),
+                watch,
+                params.get("resourceVersion", ""),
+            )
+        )
+        try:
+            return Selection.of(params, request.resource.plural)
+        except SelectorError as e:
+            raise errors.bad_request(str(e)) from None
+
+    def _selected(self, request: kmock.Request, selection: Selection) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(obj.raw)
+            for (resource, namespace, name), obj in list(self.objects.items())
+            if resource == request.resource
+            and not obj.deleted
+            and (request.namespace is None or namespace == request.namespace)
+            and (request.name is None or name == request.name)
+            and selection.matches(obj.raw)
+        ]
+
+    def _check_known(self, request: kmock.Request) -> None:
+        if request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+
     async def _serve_list(self, request: kmock.Request) -> Any:
-        result = await super()._serve_list(request)
-        keep = self._selector(request)
-        result["items"] = [item for item in result["items"] if keep(item)]
-        result["metadata"] = {"resourceVersion": str(self._last_version)}
-        return result
+        self._check_known(request)
+        selection = self._selection(request, watch=False)
+        async with self._lock:
+            items = self._selected(request, selection)
+            version = self.history.last
+        return {"metadata": {"resourceVersion": str(version)}, "items": items}
 
     async def _serve_watch(self, request: kmock.Request) -> Any:
-        keep = self._selector(request)
-        async for event in super()._serve_watch(request):
-            if isinstance(event, dict) and not keep(event.get("object") or {}):
-                continue
-            yield event
+        # Everything that can refuse the watch runs before the first chunk: a 400, not a stream.
+        self._check_known(request)
+        selection = self._selection(request, watch=True)
+        params = dict(request.params)
+        since = params.get("resourceVersion") or "0"
+        if not since.isdigit():
+            raise errors.bad_request(f"invalid resource version: {since!r}")
+        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        bookmarks = params.get("allowWatchBookmarks") == "true"
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        epoch = self.history.epoch
+        yield b""
+
+        version = int(since)
+        if version == 0:
+            # No version: the current state as ADDED events, then the changes after it.
+            async with self._lock:
+                current = self._selected(request, selection)
+                version = self.history.last
+            for obj in current:
+                yield {"type": "ADDED", "object": obj}
+            if params.get("sendInitialEvents") == "true" and bookmarks:
+                yield self._bookmark(request, version, initial_events_end=True)
+        last_sent = loop.time()
+        while True:
+            try:
+                events = self.history.since(version)
+            except Expired as e:
+                yield {"type": "ERROR", "object": errors.expired(str(e))}
+                return
+            for event in events:
+                version = event.version
+                if event.resource == request.resource and self._watched(
+                    request, selection, event.object
+                ):
+                    last_sent = loop.time()
+                    yield {"type": event.type, "object": event.object}
+            if deadline is not None and loop.time() >= deadline:
+                return  # the server ends the watch; the client resumes from its last version
+            wait = None if deadline is None else deadline - loop.time()
+            if bookmarks:
+                until_bookmark = max(0.0, last_sent + self.bookmark_seconds - loop.time())
+                wait = until_bookmark if wait is None else min(wait, until_bookmark)
+            await self.history.wait(version, wait)
+            if self.history.epoch != epoch:
+                return  # ended by the server (`end_watches`)
+            idle = self.history.newest <= version  # only an idle watch needs a bookmark
+            if bookmarks and idle and loop.time() - last_sent >= self.bookmark_seconds:
+                last_sent = loop.time()
+                yield self._bookmark(request, version)
 
     @staticmethod
-    def _selector(request: kmock.Request) -> Callable[[dict[str, Any]], bool]:
-        params = dict(request.params)
-        labels_wanted = params.get("labelSelector", "")
-        fields_wanted = dict(
-            term.split("=", 1) for term in params.get("fieldSelector", "").split(",") if "=" in term
+    def _watched(request: kmock.Request, selection: Selection, obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        return (
+            (request.namespace is None or meta.get("namespace") == request.namespace)
+            and (request.name is None or meta.get("name") == request.name)
+            and selection.matches(obj)
         )
 
-        def keep(obj: dict[str, Any]) -> bool:
-            meta = obj.get("metadata") or {}
-            if not matches_selector(labels_wanted, meta.get("labels") or {}):
-                return False
-            return all(
-                str(meta.get(path.removeprefix("metadata."), "")) == value
-                for path, value in fields_wanted.items()
-            )
-
-        return keep
+    def _bookmark(
+        self, request: kmock.Request, version: int, initial_events_end: bool = False
+    ) -> dict[str, Any]:
+        info = self.resources.get(request.resource)
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        if initial_events_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": getattr(info, "kind", None) or request.resource.plural,
+                "apiVersion": resource_name(request.resource).rsplit("/", 1)[0],
+                "metadata": meta,
+            },
+        }

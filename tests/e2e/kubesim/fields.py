@@ -75,22 +75,32 @@ def list_keys(field: str | None, items: list[Any]) -> tuple[str, ...] | None:
     return None
 
 
+# The keys of the list at a path (its last element is the list's field name), None if atomic.
+ListKeys = Callable[[Path, list[Any]], "tuple[str, ...] | None"]
+
+
+def builtin_keys(path: Path, items: list[Any]) -> tuple[str, ...] | None:
+    """The keys of the built-in types' lists, known by field name (`LIST_MAP_KEYS`)."""
+    field = path[-1] if path and isinstance(path[-1], str) else None
+    return list_keys(field, items)
+
+
 def item_key(item: Mapping[str, Any], keys: tuple[str, ...]) -> ItemKey:
     """The key of one associative-list item."""
     return ItemKey(tuple((name, item.get(name, KEY_DEFAULTS.get(name))) for name in keys))
 
 
-def leaves(value: Any, path: Path = (), field: str | None = None) -> dict[Path, Any]:
+def leaves(value: Any, path: Path = (), keys_of: ListKeys = builtin_keys) -> dict[Path, Any]:
     """Every leaf field of a value: scalars, atomic lists and empty maps, by path."""
     out: dict[Path, Any] = {}
     if isinstance(value, dict) and value:
         for key, sub in value.items():
-            out.update(leaves(sub, (*path, key), key))
+            out.update(leaves(sub, (*path, key), keys_of))
         return out
-    keys = list_keys(field, value) if isinstance(value, list) else None
+    keys = keys_of(path, value) if isinstance(value, list) and value else None
     if keys is not None:
         for item in value:
-            out.update(leaves(item, (*path, item_key(item, keys))))
+            out.update(leaves(item, (*path, item_key(item, keys)), keys_of))
         return out
     out[path] = value
     return out
@@ -192,11 +202,12 @@ def apply(
     manager: str,
     owners: Mapping[str, set[Path]],
     force: bool,
+    keys_of: ListKeys = builtin_keys,
 ) -> tuple[dict[str, Any], dict[str, set[Path]]]:
     """Server-side apply of `config` by `manager`: the new object and owners."""
-    wanted = leaves(config)
+    wanted = leaves(config, keys_of=keys_of)
     new = copy.deepcopy(obj)
-    live = leaves(new)
+    live = leaves(new, keys_of=keys_of)
     owners = {name: set(paths) for name, paths in owners.items()}
     taken = {p for p, v in wanted.items() if p in live and live[p] != v}
     conflicts = {p for name, paths in owners.items() if name != manager for p in paths & taken}
@@ -218,16 +229,80 @@ def apply(
 
 
 def update_owners(
-    old: dict[str, Any], new: dict[str, Any], manager: str, owners: Mapping[str, set[Path]]
+    old: dict[str, Any],
+    new: dict[str, Any],
+    manager: str,
+    owners: Mapping[str, set[Path]],
+    keys_of: ListKeys = builtin_keys,
 ) -> dict[str, set[Path]]:
     """Ownership after a non-apply write: the writer owns what it changed."""
-    before, after = leaves(old), leaves(new)
+    before, after = leaves(old, keys_of=keys_of), leaves(new, keys_of=keys_of)
     changed = {p for p, v in after.items() if p not in before or before[p] != v}
     removed = set(before) - set(after)
     result = {name: set(paths) - changed - removed for name, paths in owners.items()}
     if changed:
         result.setdefault(manager, set()).update(changed)
     return {name: paths for name, paths in result.items() if paths}
+
+
+def _smd_path(path: Path) -> str:
+    """A path as structured-merge-diff prints it: .spec.containers[name="app"].env."""
+    text = ""
+    for element in path:
+        if isinstance(element, ItemKey):
+            text += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in element.fields) + "]"
+        else:
+            text += f".{element}"
+    return text
+
+
+def duplicate_keys(value: Any, keys_of: ListKeys = builtin_keys, path: Path = ()) -> list[str]:
+    """The associative lists of an applied configuration that repeat a key.
+
+    Server-side apply cannot type such a configuration: the API server
+    answers 500 "failed to create typed patch object" with these lines.
+    """
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            found += duplicate_keys(sub, keys_of, (*path, key))
+    elif isinstance(value, list) and value:
+        keys = keys_of(path, value)
+        if keys is None:
+            return found
+        seen: set[ItemKey] = set()
+        for item in value:
+            key = item_key(item, keys)
+            if key in seen:
+                rendered = ",".join(f"{k}={json.dumps(v)}" for k, v in key.fields)
+                found.append(f"{_smd_path(path)}: duplicate entries for key [{rendered}]")
+            seen.add(key)
+            found += duplicate_keys(item, keys_of, (*path, key))
+    return found
+
+
+def shadowed_env(value: Any, path: str = "") -> list[str]:
+    """The API server's warnings for env vars that repeat a name (kept, but apply drops them)."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            where = f"{path}.{key}" if path else key
+            if key == "env" and isinstance(sub, list):
+                seen: set[Any] = set()
+                for index, item in enumerate(sub):
+                    name = item.get("name") if isinstance(item, dict) else None
+                    if name in seen:
+                        found.append(
+                            f'{where}[{index}]: hides previous definition of "{name}", '
+                            "which may be dropped when using apply"
+                        )
+                    seen.add(name)
+            else:
+                found += shadowed_env(sub, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += shadowed_env(item, f"{path}[{index}]")
+    return found
 
 
 def fields_v1(paths: Iterable[Path]) -> dict[str, Any]:

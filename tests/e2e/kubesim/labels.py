@@ -1,11 +1,48 @@
-"""Label selectors as the API server parses them (pure)."""
+"""Label selectors as the API server parses them (pure).
+
+All the forms of `labels.Parse`: `a=b`, `a==b`, `a!=b`, `a in (x,y)`,
+`a notin (x)`, `a` (exists) and `!a` (does not exist), joined by commas.
+A selector that does not parse is a `SelectorError` (the server's 400).
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-_SET = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+# A qualified name with an optional DNS-subdomain prefix, and a label value (may be empty).
+_NAME = r"(?:[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
+_SET = re.compile(rf"^({_NAME})\s+(in|notin)\s+\(([^()]*)\)$")
+_EQUALITY = re.compile(rf"^({_NAME})\s*(==|!=|=)\s*({_VALUE})$")
+_EXISTS = re.compile(rf"^(!?)\s*({_NAME})$")
+_VALUE_ONLY = re.compile(rf"^{_VALUE}$")
+
+
+class SelectorError(ValueError):
+    """A selector the API server would refuse to parse."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """One term of a selector: a key, an operator and its values."""
+
+    key: str
+    operator: str  # =, !=, in, notin, exists, !
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether the labels satisfy this term."""
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.operator == "exists":
+            return present
+        if self.operator == "!":
+            return not present
+        if self.operator in ("=", "in"):
+            return present and value in self.values
+        return not present or value not in self.values  # != and notin
 
 
 def _terms(selector: str) -> list[str]:
@@ -19,32 +56,35 @@ def _terms(selector: str) -> list[str]:
         else:
             current += char
     terms.append(current)
-    return [term.strip() for term in terms if term.strip()]
+    return [term.strip() for term in terms]
+
+
+def parse(selector: str) -> list[Requirement]:
+    """The requirements of a selector string (empty: everything matches)."""
+    if not (selector or "").strip():
+        return []
+    requirements = []
+    for term in _terms(selector):
+        if found := _SET.match(term):
+            key, op, raw = found.groups()
+            values = [v.strip() for v in raw.split(",")]
+            if not all(_VALUE_ONLY.match(v) for v in values):
+                raise SelectorError(f"unable to parse requirement: invalid label value in {term!r}")
+            requirements.append(Requirement(key, op, frozenset(values)))
+        elif found := _EQUALITY.match(term):
+            key, op, value = found.groups()
+            requirements.append(Requirement(key, "!=" if op == "!=" else "=", frozenset({value})))
+        elif found := _EXISTS.match(term):
+            bang, key = found.groups()
+            requirements.append(Requirement(key, "!" if bang else "exists"))
+        else:
+            raise SelectorError(f"unable to parse requirement: {term!r}")
+    return requirements
 
 
 def matches_selector(selector: str, labels: Mapping[str, str]) -> bool:
-    """Whether labels satisfy a selector: `a=b`, `a==b`, `a!=b`, `a`, `!a`, `a in (x,y)`, `a notin (x)`."""
-    for term in _terms(selector or ""):
-        found = _SET.match(term)
-        if found:
-            key, op, values = found.groups()
-            allowed = {v.strip() for v in values.split(",") if v.strip()}
-            if (op == "in") != (labels.get(key) in allowed):
-                return False
-        elif "!=" in term:
-            key, value = (part.strip() for part in term.split("!=", 1))
-            if labels.get(key) == value:
-                return False
-        elif "=" in term:
-            key, value = (part.strip() for part in term.replace("==", "=").split("=", 1))
-            if labels.get(key) != value:
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
+    """Whether labels satisfy a selector string (raises SelectorError if it does not parse)."""
+    return all(requirement.matches(labels) for requirement in parse(selector))
 
 
 def selector_of(match_labels: Mapping[str, str]) -> str:

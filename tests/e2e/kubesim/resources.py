@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kmock
+from kubesim.crd import CustomResource
+
+# The CRDs the project ships: served with their real schemas and CEL rules.
+CRDS = (Path(__file__).resolve().parents[3] / "crds" / "llmservices.pagoda.dev.yaml",)
 
 BUILT_IN: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {
@@ -36,14 +41,13 @@ BUILT_IN: dict[str, dict[str, Any]] = {
     },
 }
 
-PAGODA: dict[str, dict[str, Any]] = {
-    "pagoda.dev/v1alpha1/llmservices": {
-        "kind": "LLMService",
-        "namespaced": True,
-        "subresources": {"status", "scale"},
-        "verbs": {"get", "list", "watch", "create", "update", "patch", "delete"},
-    },
-}
+
+def custom_resources() -> list[CustomResource]:
+    """The project's CRDs, read from crds/."""
+    return [CustomResource.from_file(path) for path in CRDS]
+
+
+PAGODA: dict[str, dict[str, Any]] = {crd.resource: crd.discovery() for crd in custom_resources()}
 
 # KEDA's ScaledObject (autoscaling.mode keda): the operator applies and deletes it.
 KEDA: dict[str, dict[str, Any]] = {
@@ -65,3 +69,6 @@ def declare(server: kmock.KubernetesEmulator, *groups: dict[str, dict[str, Any]]
     for group in groups or (BUILT_IN, PAGODA, KEDA):
         for key, info in group.items():
             server.resources[key] = {"verbs": ALL_VERBS, **info}
+    if hasattr(server, "install") and (not groups or PAGODA in groups):
+        for crd in custom_resources():
+            server.install(crd)

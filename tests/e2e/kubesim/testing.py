@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import kmock
 from kubesim.apiserver import APPLY, MERGE, ApiServer
 
 NS = "llm"
@@ -60,12 +63,46 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+@contextlib.contextmanager
+def crd_changed(
+    server: ApiServer, change: Callable[[dict[str, Any]], None], resource: str = LLMS
+) -> Iterator[None]:
+    """Serve a changed copy of a CRD's schema meanwhile, then the real one again.
+
+    How a test stores what the real CRD would refuse but a cluster can hold:
+    an object created before a rule existed, or fields of a newer CRD.
+    """
+    key = kmock.resource(resource)
+    real = server.custom_resources[key]
+    schema = copy.deepcopy(real.schema)
+    change(schema)
+    server.install(dataclasses.replace(real, schema=schema))
+    try:
+        yield
+    finally:
+        server.install(real)
+
+
+def without_rules(schema: dict[str, Any]) -> None:
+    """A `crd_changed` change: drop every CEL rule (an older CRD)."""
+    schema.pop("x-kubernetes-validations", None)
+    for sub in (schema.get("properties") or {}).values():
+        without_rules(sub)
+    if isinstance(schema.get("items"), dict):
+        without_rules(schema["items"])
+
+
+def spec_open(schema: dict[str, Any]) -> None:
+    """A `crd_changed` change: the spec keeps fields this CRD does not declare (a newer CRD)."""
+    schema["properties"]["spec"]["x-kubernetes-preserve-unknown-fields"] = True
+
+
 def llmservice(name: str = "chat", namespace: str = NS, **spec: Any) -> dict[str, Any]:
     """An LLMService body serving the built-in model, with `spec` fields added."""
     return {
         "apiVersion": "pagoda.dev/v1alpha1",
         "kind": "LLMService",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"model": "smollm2-135m-instruct", **spec},
     }
 
