@@ -91,10 +91,13 @@ async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
     ns, spec = llms.namespace, llms.spec
     if spec.api_key_secret_ref is not None:
         await _check_secret(api, ns, spec.api_key_secret_ref.name, spec.api_key_secret_ref.key)
+    if spec.hf_token_secret_ref is not None:
+        ref = spec.hf_token_secret_ref
+        await _check_secret(api, ns, ref.name, ref.key, "spec.hfTokenSecretRef")
     claims = []
     if spec.model.startswith("pvc://"):
         claims.append(("spec.model", spec.model.removeprefix("pvc://").partition("/")[0]))
-    if spec.model_cache is not None:
+    if spec.model_cache is not None and spec.model_cache.claim_name:
         claims.append(("spec.modelCache.claimName", spec.model_cache.claim_name))
     problems = []
     for path, claim in claims:
@@ -142,7 +145,9 @@ def claim_problems(llms: LLMService, path: str, claim: Mapping[str, Any]) -> lis
     ]
 
 
-async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> None:
+async def _check_secret(
+    api: KubeApi, namespace: str, name: str, key: str, field: str = "spec.apiKeySecretRef"
+) -> None:
     try:
         secret = await api.get("Secret", namespace, name)
     except ApiError as e:
@@ -151,10 +156,10 @@ async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> No
         raise
     if secret is None:
         raise MissingReference(
-            "spec.apiKeySecretRef.name", f"Secret {name!r} not found in namespace {namespace!r}"
+            f"{field}.name", f"Secret {name!r} not found in namespace {namespace!r}"
         )
     if key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
-        raise MissingReference("spec.apiKeySecretRef.key", f"Secret {name!r} has no key {key!r}")
+        raise MissingReference(f"{field}.key", f"Secret {name!r} has no key {key!r}")
 
 
 def last_need(spec: Mapping[str, Any]) -> int:
