@@ -14,7 +14,7 @@ loop to retry with backoff.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from pagoda.operator.llmservice import (
     builtin_autoscaling,
     parse,
 )
+from pagoda.operator.model_download import Progress
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
@@ -39,9 +40,13 @@ from pagoda.operator.render.labels import (
     selector_string,
     service_name,
 )
+from pagoda.operator.render.model_download import downloads_model
 from pagoda.operator.render.secret import admin_key_of, new_admin_key
 from pagoda.operator.render.service import endpoint
 from pagoda.operator.triggers import SERVICE_NAME_LABEL
+
+# Reads the downloading pods' GET /progress (model_download.ProgressReader).
+ProgressRead = Callable[[Sequence[Mapping[str, Any]]], Awaitable[Mapping[str, Progress]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,11 +204,13 @@ async def reconcile(
     now: datetime.datetime,
     scaling: tuple[bool, str, str] | None = None,
     adapters: tuple[bool | None, str, str] | None = None,
+    progress: ProgressRead | None = None,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
-    `previous` is the status as last written. Raises ApiError only for
-    transient errors (the caller retries with backoff).
+    `previous` is the status as last written. `progress` reads the download
+    progress of an hf:// model's pods (None: not read). Raises ApiError only
+    for transient errors (the caller retries with backoff).
     """
     try:
         llms = parse(body, config)
@@ -280,9 +287,10 @@ async def reconcile(
                 raise
             problems.append(_refused(e))
 
+    pods = tuple(await api.list("Pod", llms.namespace, selector_labels(llms)))
     observed = st.Observed(
         deployment,
-        pods=tuple(await api.list("Pod", llms.namespace, selector_labels(llms))),
+        pods=pods,
         endpoint_slices=tuple(
             await api.list(
                 "EndpointSlice", llms.namespace, {SERVICE_NAME_LABEL: service_name(llms)}
@@ -291,6 +299,7 @@ async def reconcile(
         template_hash=template_hash,
         problems=tuple(problems),
         warnings=tuple(warnings),
+        download_progress=await progress(pods) if progress and downloads_model(llms) else None,
     )
     status = st.compute(
         llms,
