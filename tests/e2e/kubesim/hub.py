@@ -6,9 +6,11 @@ headers it reads, from repos held in memory:
 * `GET /api/models/{org}/{name}[/revision/{rev}]`: the model info, with
   `siblings` (size, git blob id, LFS sha256) when `?blobs=true`;
 * `GET /api/models/{org}/{name}/tree/{rev}`: the file list (snapshot_download);
-* `HEAD|GET /{org}/{name}/resolve/{rev}/{path}`: a file, with `ETag` (the LFS
-  sha256, else the git blob id), `X-Repo-Commit`, `Content-Length`, and
-  `Range: bytes=N-` answered with 206 and `Content-Range`.
+* `HEAD|GET /{org}/{name}/resolve/{rev}/{path}`: a file, with `ETag` (the
+  git blob id), `X-Repo-Commit`, `Content-Length`, and `Range: bytes=N-`
+  answered with 206 and `Content-Range`. An LFS file is a 302 to the "CDN"
+  (`/cdn/{sha256}`, no token needed) with `X-Linked-Etag` (its sha256) and
+  `X-Linked-Size`, as the Hub sends its large files to its CDN.
 
 Errors are the Hub's: a token that is not one of `tokens` gets 401 "Invalid
 credentials in Authorization header"; a private repo without a valid token,
@@ -101,6 +103,8 @@ class Hub:
         self.requests: list[Request] = []
         self._cuts: dict[str, int] = {}
         self._corrupt: set[str] = set()
+        # sha256 -> (path, file) of the LFS files a resolve sent to the CDN.
+        self._cdn_files: dict[str, tuple[str, HubFile]] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -145,8 +149,13 @@ class Hub:
         self._corrupt.add(path)
 
     def downloads(self, path: str) -> list[Request]:
-        """The GETs of one file's content."""
-        return [r for r in self.requests if r.method == "GET" and r.path.endswith("/" + path)]
+        """The GETs that sent one file's content (from the repo, or the CDN for an LFS file)."""
+        cdn = {f"/cdn/{sha}" for sha, (p, _) in self._cdn_files.items() if p == path}
+        return [
+            r
+            for r in self.requests
+            if r.method == "GET" and (r.path in cdn or (r.path.endswith("/" + path) and not cdn))
+        ]
 
     # ------------------------------------------------------------- server
     async def start(self, host: str = "127.0.0.1") -> str:
@@ -155,6 +164,7 @@ class Hub:
         app.router.add_get("/api/models/{org}/{name}/revision/{revision}", self._info)
         app.router.add_get("/api/models/{org}/{name}/tree/{revision}", self._tree)
         app.router.add_route("*", "/{org}/{name}/resolve/{revision}/{path:.+}", self._resolve)
+        app.router.add_route("*", "/cdn/{sha256}", self._cdn)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0)
@@ -245,9 +255,32 @@ class Hub:
         f = tree.get(path)
         if f is None:
             raise _error(404, f"Entry not found: {path}", "EntryNotFound")
+        if f.lfs:
+            self._cdn_files[f.sha256] = (path, f)
+            headers = {
+                "Location": f"/cdn/{f.sha256}",
+                "X-Repo-Commit": sha,
+                "X-Linked-Etag": f'"{f.sha256}"',
+                "X-Linked-Size": str(len(f.content)),
+                "ETag": f'"{f.blob_id}"',
+            }
+            return web.Response(status=302, headers=headers)
+        return await self._send(request, path, f, {"ETag": f'"{f.etag}"', "X-Repo-Commit": sha})
+
+    async def _cdn(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(Request(request.method, request.path, request.headers.get("Range")))
+        found = self._cdn_files.get(request.match_info["sha256"])
+        if found is None:
+            raise web.HTTPForbidden()
+        path, f = found
+        return await self._send(request, path, f, {"ETag": f'"{f.sha256}"'})
+
+    async def _send(
+        self, request: web.Request, path: str, f: HubFile, extra: dict[str, str]
+    ) -> web.StreamResponse:
+        """The bytes of a file, a Range of them, or the headers alone (HEAD); faults applied."""
         headers = {
-            "ETag": f'"{f.etag}"',
-            "X-Repo-Commit": sha,
+            **extra,
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
         }

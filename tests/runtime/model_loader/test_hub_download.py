@@ -106,6 +106,24 @@ async def test_files_already_present_are_verified_and_not_fetched_again(hub, tmp
     assert again.progress().files_done == len(WANTED)
 
 
+async def test_a_file_verified_before_and_unchanged_is_not_hashed_again(
+    hub, tmp_path, monkeypatch
+) -> None:
+    hub.commit(REPO, FILES)
+    await asyncio.to_thread(downloader(hub, tmp_path).run)
+    hashed = []
+    digest = RepoFile.digest
+    monkeypatch.setattr(RepoFile, "digest", lambda f, p: hashed.append(f.path) or digest(f, p))
+
+    await asyncio.to_thread(downloader(hub, tmp_path).run)
+    assert hashed == []
+
+    snapshot = offline_snapshot(tmp_path)
+    (snapshot / "config.json").resolve().write_bytes(FILES["config.json"])  # touched: rehash
+    await asyncio.to_thread(downloader(hub, tmp_path).run)
+    assert hashed == ["config.json"]
+
+
 async def test_a_corrupt_cached_file_is_fetched_again(hub, tmp_path) -> None:
     hub.commit(REPO, FILES)
     snapshot = await asyncio.to_thread(downloader(hub, tmp_path).run)
