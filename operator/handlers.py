@@ -185,6 +185,8 @@ class Memory:
     status: dict[str, Any] = field(default_factory=dict)
     # The unknown spec fields last logged (logged again only when they change).
     ignored: tuple[str, ...] = ()
+    # The last reconcile asked to run again this soon (a download in progress).
+    requeue_after: float | None = None
 
 
 async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
@@ -207,7 +209,8 @@ async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: A
                 await reconcile_once(body, memo, memory, logger, trigger)
                 wake.generation = generation
                 backoff.reset()
-                reason = await _woken(wake.event, stopped, config.resync_seconds)
+                resync = min(config.resync_seconds, memory.requeue_after or config.resync_seconds)
+                reason = await _woken(wake.event, stopped, resync)
             except ApiError as e:  # transient: permanent ones became conditions
                 delay = backoff.next()
                 logger.warning(f"reconcile failed, retrying in {delay:.0f}s: {e}")
@@ -264,6 +267,7 @@ async def reconcile_once(
             + ", ".join(outcome.ignored_fields)
         )
     memory.ignored = outcome.ignored_fields
+    memory.requeue_after = outcome.requeue_after
     changes = st.changes(memory.status, outcome.status)
     if changes:
         # The whole status this loop owns: a field it leaves out is removed.

@@ -22,6 +22,9 @@ from pagoda.operator.render.model_download import DOWNLOAD_CONTAINER, PROGRESS_P
 
 TIMEOUT = 2.0
 MAX_BODY = 64 << 10
+# How often a sync loop re-reads the progress while a pod downloads: no pod
+# event marks a download's bytes, and the resync (30 s) is too slow a clock.
+REFRESH_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,11 @@ def pod_downloads(pods: Iterable[Mapping[str, Any]]) -> list[PodDownload]:
         if found is not None:
             out.append(found)
     return out
+
+
+def downloading(pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether some pod's download runs now (its progress is news)."""
+    return any(d.state == "Downloading" for d in pod_downloads(pods))
 
 
 def parse_progress(body: bytes) -> Progress | None:

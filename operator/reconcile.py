@@ -30,7 +30,7 @@ from pagoda.operator.llmservice import (
     builtin_autoscaling,
     parse,
 )
-from pagoda.operator.model_download import Progress
+from pagoda.operator.model_download import REFRESH_SECONDS, Progress, downloading
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
@@ -83,6 +83,8 @@ class Outcome:
     writes: list[Write] = field(default_factory=list)
     invalid: InvalidSpec | None = None
     ignored_fields: tuple[str, ...] = ()
+    # Reconcile again this soon without waiting for an event (a download's progress).
+    requeue_after: float | None = None
 
 
 async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
@@ -314,4 +316,5 @@ async def reconcile(
         if llms.spec.lora_enabled
         else None,
     )
-    return Outcome(status, writes, ignored_fields=llms.ignored_fields)
+    requeue = REFRESH_SECONDS if downloads_model(llms) and downloading(pods) else None
+    return Outcome(status, writes, ignored_fields=llms.ignored_fields, requeue_after=requeue)

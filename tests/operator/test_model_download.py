@@ -196,3 +196,54 @@ def test_progress_json_of_the_runtime_is_what_the_operator_reads() -> None:
 
     sent = RuntimeProgress("Downloading", "acme/tiny", "main", "abc", 10, 4, 3, 1)
     assert parse_progress(json.dumps(sent.to_json()).encode()) == Progress(4, 10)
+
+
+class CountingReader:
+    """A progress reader that reports one more GiB at each read (a download under way)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def __call__(self, pods: Any) -> dict[str, Progress]:
+        self.reads += 1
+        return {
+            p["metadata"]["name"]: Progress(min(self.reads, 10) * GIB, 10 * GIB)
+            for p in pods
+            if pod_download(p) and pod_download(p).state == "Downloading"
+        }
+
+
+async def test_a_download_in_progress_is_re_read_without_waiting_for_the_resync(
+    cluster: Any, operator_config: OperatorConfig
+) -> None:
+    """No pod event marks a download's bytes: the sync loop comes back by itself meanwhile."""
+    import dataclasses
+
+    from kubesim.operator import OperatorThread
+    from kubesim.testing import DEPLOYMENTS, NS, condition, create, eventually, llmservice, obj
+
+    reader = CountingReader()
+    config = dataclasses.replace(operator_config, resync_seconds=600.0)
+    async with OperatorThread(config, memo={"download_progress": reader}):
+        await create(cluster, llmservice(model=MODEL))
+        template = await eventually(lambda: obj(cluster, DEPLOYMENTS, "chat")["spec"]["template"])
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "chat-abc", "namespace": NS, **template["metadata"]},
+            "spec": template["spec"],
+            "status": {
+                "podIP": "10.0.0.9",
+                "initContainerStatuses": [{"name": "model-download", **RUNNING}],
+            },
+        }
+        await create(cluster, body)
+        got = await eventually(
+            lambda: (
+                "(30%)" in condition(cluster, "chat", "ModelReady")["message"]
+                and condition(cluster, "chat", "ModelReady")
+            ),
+            timeout=60,
+        )
+    assert got["reason"] == "Downloading"
+    assert got["message"] == "hf://acme/tiny: 3.0 GiB of 10.0 GiB (30%) on 1 pod"
