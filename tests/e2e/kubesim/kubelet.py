@@ -327,8 +327,10 @@ class Kubelet:
                         return False
                     continue
                 argv = self._argv(run)
+                # One line, whatever the arguments hold: the termination message is what follows.
+                started_line = " ".join(argv).replace("\n", "\\n")
                 with open(handle.log_path, "ab") as out:
-                    out.write(f"--- start {now()}: {' '.join(argv)}\n".encode())
+                    out.write(f"--- start {now()}: {started_line}\n".encode())
                     out.flush()
                     run.process = subprocess.Popen(
                         argv,
