@@ -15,7 +15,10 @@ What it adds to a plain `snapshot_download`:
   a name stable across runs, and the next run asks the Hub for the rest
   (an HTTP Range), so a pod evicted at 90% of 100 GiB keeps its 90%.
   (`huggingface_hub` itself writes a per-process temporary file it deletes
-  on failure, so its downloads restart from zero.)
+  on failure, so its downloads restart from zero.) Pods sharing a claim take
+  turns per file under huggingface_hub's own lock file (`.locks/`): the
+  second finds the file done; where a filesystem ignores the lock, the hash
+  check catches the mixed result and the file is fetched again.
 * Verified: each file's content is hashed against what the Hub lists (the
   LFS sha256, or the git blob id of a small file) before it enters the cache,
   and a file already in the cache is hashed again before it is trusted unless
@@ -343,8 +346,25 @@ class HubDownloader:
                 with self._lock:
                     self._done.add(f.path)
 
+    def lock(self, f: RepoFile) -> Path:
+        """huggingface_hub's lock file for this blob (so its own downloads take turns too)."""
+        return self.cache_dir / ".locks" / self.storage.name / f"{f.etag}.lock"
+
     def _fetch(self, commit: str, f: RepoFile) -> RepoFile:
-        """One file: resume its partial download, verify it, move it into the cache."""
+        """One file, under its lock: another process may have finished it meanwhile."""
+        from filelock import FileLock
+
+        self.lock(f).parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.lock(f)):
+            blob = self.blob(f)
+            if blob.is_file() and (self._verified(f) or f.digest(blob) == f.etag):
+                self._mark_verified(f)
+                self._link(commit, f)
+                return f
+            return self._fetch_locked(commit, f)
+
+    def _fetch_locked(self, commit: str, f: RepoFile) -> RepoFile:
+        """Resume the file's partial download, verify it, move it into the cache."""
         for attempt in (1, 2):
             partial = self.partial(f)
             partial.parent.mkdir(parents=True, exist_ok=True)

@@ -305,3 +305,17 @@ def test_size_limits_read_as_kubernetes_quantities() -> None:
     assert quantity_bytes("40Gi") == 40 << 30
     assert quantity_bytes("500M") == 500_000_000
     assert quantity_bytes("1024") == 1024
+
+
+async def test_two_pods_on_one_claim_download_each_file_once(hub, tmp_path) -> None:
+    hub.commit(REPO, FILES)
+
+    first, second = await asyncio.gather(
+        asyncio.to_thread(downloader(hub, tmp_path).run),
+        asyncio.to_thread(downloader(hub, tmp_path).run),
+    )
+
+    assert first == second
+    assert (first / "model.safetensors").read_bytes() == WEIGHTS
+    for name in WANTED:
+        assert len(hub.downloads(name)) == 1, name
