@@ -100,8 +100,9 @@ def add_download_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-interval", type=float, default=10.0, help="seconds between log lines")
     p.add_argument(
         "--termination-log",
-        default=TERMINATION_LOG,
-        help="where a failure's reason is written for the pod's status",
+        default=None,
+        help="where a failure's reason is written for the pod's status (default: "
+        f"{TERMINATION_LOG}, where the kubelet provides it)",
     )
 
 
@@ -149,11 +150,14 @@ def _log_progress(downloader: HubDownloader, interval: float, stop: threading.Ev
         logger.info(progress_line(downloader))
 
 
-def _fail(message: str, termination_log: str) -> int:
+def _fail(message: str, termination_log: str | None) -> int:
     # The last line of the log: with FallbackToLogsOnError it is the pod's message too.
     print(f"pagoda download: error: {message}", file=sys.stderr, flush=True)
-    with contextlib.suppress(OSError):
-        Path(termination_log).write_text(message)
+    if termination_log is None and os.path.exists(TERMINATION_LOG):
+        termination_log = TERMINATION_LOG  # in a pod: the kubelet reads it first
+    if termination_log is not None:
+        with contextlib.suppress(OSError):
+            Path(termination_log).write_text(message)
     return 1
 
 
