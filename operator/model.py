@@ -323,6 +323,10 @@ class HFTokenSecretRef(SecretKeyRef):
     )
 
 
+SIZE_LIMIT_MESSAGE = (
+    "modelCache.sizeLimit sizes the emptyDir an hf:// model is downloaded to: "
+    "it needs an hf:// model"
+)
 MODEL_CACHE_MESSAGE = (
     "modelCache is a PersistentVolumeClaim (claimName) or a per-pod emptyDir (sizeLimit): "
     "set exactly one"
@@ -761,6 +765,12 @@ class LLMServiceSpec(Model):
                     ".replicas",
                 ),
                 cel(
+                    "!has(self.modelCache) || !has(self.modelCache.sizeLimit)"
+                    " || self.model.startsWith('hf://')",
+                    SIZE_LIMIT_MESSAGE,
+                    ".modelCache.sizeLimit",
+                ),
+                cel(
                     "!has(self.adapters) || (has(self.modelCache) && has(self.modelCache.claimName))"
                     " || self.adapters.all(a, !a.source.startsWith('hf://'))",
                     HF_ADAPTER_MESSAGE,
@@ -934,6 +944,9 @@ class LLMServiceSpec(Model):
         ):
             raise RuleError(".replicas", REPLICAS_IN_RANGE_MESSAGE)
         claim = self.model_cache.claim_name if self.model_cache else None
+        size_limit = self.model_cache.size_limit if self.model_cache else None
+        if size_limit is not None and not self.model.startswith("hf://"):
+            raise RuleError(".modelCache.sizeLimit", SIZE_LIMIT_MESSAGE)
         if claim is None and any(a.source.startswith("hf://") for a in self.adapters):
             raise RuleError(".modelCache", HF_ADAPTER_MESSAGE)
         names = {var.name for var in self.env}

@@ -40,6 +40,7 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"model": "hf://org/m@"}, "spec.model"),
     ({"model": "hf://org/m@-x"}, "spec.model"),
     ({"model": "hf://org/m", "modelCache": {"sizeLimit": "40Gi"}}, None),
+    ({**BASE, "modelCache": {"sizeLimit": "40Gi"}}, "spec.modelCache.sizeLimit"),
     ({"model": "hf://org/m", "modelCache": {"sizeLimit": "lots"}}, "spec.modelCache.sizeLimit"),
     ({"model": "hf://org/m", "modelCache": {}}, "spec.modelCache"),
     (
@@ -191,7 +192,7 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "adapters": [{"name": "sql", "source": "hf://org/sql-lora"}]}, "spec.modelCache"),
     (
         {
-            **BASE,
+            "model": "hf://org/m",
             "modelCache": {"sizeLimit": "1Gi"},
             "adapters": [{"name": "sql", "source": "hf://org/sql-lora"}],
         },
