@@ -231,6 +231,13 @@ class HubDownloader:
             return self.stamp(f).read_text() == _fingerprint(self.blob(f))
         return False
 
+    def _intact(self, f: RepoFile) -> bool:
+        """The blob is cached with the content the Hub lists."""
+        blob = self.blob(f)
+        if not blob.is_file():
+            return False
+        return self._verified(f) or (blob.stat().st_size == f.size and f.digest(blob) == f.etag)
+
     def _mark_verified(self, f: RepoFile) -> None:
         stamp = self.stamp(f)
         stamp.parent.mkdir(parents=True, exist_ok=True)
@@ -303,17 +310,11 @@ class HubDownloader:
         """Paths whose blob is already cached with the right hash (each is linked)."""
 
         def check(f: RepoFile) -> bool:
-            blob = self.blob(f)
-            if not blob.is_file():
-                return False
-            if self._verified(f) or (blob.stat().st_size == f.size and f.digest(blob) == f.etag):
-                self._mark_verified(f)
-                self._link(plan.commit, f)
-                return True
-            logger.warning("%s: the cached copy is corrupt; fetching it again", f.path)
-            blob.unlink(missing_ok=True)
-            self.pointer(plan.commit, f).unlink(missing_ok=True)
-            return False
+            if not self._intact(f):
+                return False  # fetched (and a corrupt copy removed) under the file's lock
+            self._mark_verified(f)
+            self._link(plan.commit, f)
+            return True
 
         with ThreadPoolExecutor(self.max_workers) as pool:
             ok = dict(zip(plan.files, pool.map(check, plan.files), strict=True))
@@ -356,11 +357,14 @@ class HubDownloader:
 
         self.lock(f).parent.mkdir(parents=True, exist_ok=True)
         with FileLock(self.lock(f)):
-            blob = self.blob(f)
-            if blob.is_file() and (self._verified(f) or f.digest(blob) == f.etag):
+            if self._intact(f):
                 self._mark_verified(f)
                 self._link(commit, f)
                 return f
+            if self.blob(f).exists():
+                logger.warning("%s: the cached copy is corrupt; fetching it again", f.path)
+                self.blob(f).unlink()
+                self.pointer(commit, f).unlink(missing_ok=True)
             return self._fetch_locked(commit, f)
 
     def _fetch_locked(self, commit: str, f: RepoFile) -> RepoFile:
@@ -417,8 +421,11 @@ class HubDownloader:
         target = os.path.relpath(self.blob(f), pointer.parent)
         if pointer.is_symlink() and os.readlink(pointer) == target:
             return
-        pointer.unlink(missing_ok=True)
-        os.symlink(target, pointer)
+        # Made aside and renamed in: another pod on the claim may link it at the same time.
+        aside = pointer.with_name(f".{pointer.name}.{os.getpid()}.{threading.get_ident()}")
+        aside.unlink(missing_ok=True)
+        os.symlink(target, aside)
+        os.replace(aside, pointer)
 
     def _write_ref(self, plan: Plan) -> None:
         """refs/<revision> names the commit, so an offline lookup by revision finds it."""

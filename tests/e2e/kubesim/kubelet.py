@@ -11,7 +11,8 @@ a `..data` folder that is swapped atomically) into the pod's folder, and kept
 up to date while the pod runs: a changed ConfigMap reaches the running
 container's files, never its environment. An emptyDir is a folder of the
 pod's own; a PersistentVolumeClaim a folder of the node's, by claim name,
-that outlives the pod (readOnly is not enforced). A pod has its own mount
+that outlives the pod (neither readOnly nor an emptyDir's sizeLimit is
+enforced). A pod has its own mount
 namespace on a real node; here the kubelet rewrites an argument or an
 environment value that names a path under a volume's mountPath to its folder.
 
