@@ -33,6 +33,7 @@ from pagoda.operator.config import OperatorConfig
 from pagoda.operator.errors import ApiError, Backoff
 from pagoda.operator.llmservice import InvalidSpec, builtin_autoscaling, parse
 from pagoda.operator.loops import Loop, Loops
+from pagoda.operator.model_download import ProgressReader
 from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL, selector_labels
 from pagoda.operator.scrape import HttpFetch
 from pagoda.operator.triggers import SERVICE_NAME_LABEL, Key, Triggers, owner_key
@@ -82,6 +83,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
             logger_for=lambda body: kopf.ObjectLogger(body=kopf.Body(body), settings=settings),
         ),
     )
+    # How the sync loops read hf:// downloads' GET /progress (ModelReady).
+    memo.setdefault("download_progress", ProgressReader())
 
 
 def child_selector(resource: Sequence[str]) -> str:
@@ -182,6 +185,8 @@ class Memory:
     status: dict[str, Any] = field(default_factory=dict)
     # The unknown spec fields last logged (logged again only when they change).
     ignored: tuple[str, ...] = ()
+    # The last reconcile asked to run again this soon (a download in progress).
+    requeue_after: float | None = None
 
 
 async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: Any) -> None:
@@ -204,7 +209,8 @@ async def keep_in_sync(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: A
                 await reconcile_once(body, memo, memory, logger, trigger)
                 wake.generation = generation
                 backoff.reset()
-                reason = await _woken(wake.event, stopped, config.resync_seconds)
+                resync = min(config.resync_seconds, memory.requeue_after or config.resync_seconds)
+                reason = await _woken(wake.event, stopped, resync)
             except ApiError as e:  # transient: permanent ones became conditions
                 delay = backoff.next()
                 logger.warning(f"reconcile failed, retrying in {delay:.0f}s: {e}")
@@ -236,7 +242,16 @@ async def reconcile_once(
     served: lora.Health | None = memo.get("adapters", {}).get(key)
     adapters = (served.ready, served.reason, served.message) if served else None
     try:
-        outcome = await rc.reconcile(body, api, config, memory.status, now, scaling, adapters)
+        outcome = await rc.reconcile(
+            body,
+            api,
+            config,
+            memory.status,
+            now,
+            scaling,
+            adapters,
+            progress=memo.get("download_progress"),
+        )
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
         raise
@@ -252,6 +267,7 @@ async def reconcile_once(
             + ", ".join(outcome.ignored_fields)
         )
     memory.ignored = outcome.ignored_fields
+    memory.requeue_after = outcome.requeue_after
     changes = st.changes(memory.status, outcome.status)
     if changes:
         # The whole status this loop owns: a field it leaves out is removed.
@@ -424,7 +440,7 @@ async def cleanup(memo: kopf.Memo) -> None:
     api = memo.get("api")
     if api is not None:
         api.close()
-    for client in (memo.get("scrape"), memo.get("pod_client")):
+    for client in (memo.get("scrape"), memo.get("pod_client"), memo.get("download_progress")):
         close = getattr(client, "close", None)
         if close is not None:
             await close()

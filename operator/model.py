@@ -32,10 +32,11 @@ BUILTIN_MODELS = ("smollm2-135m-instruct",)
 # (one GPU per rank; a 16-GPU node is the largest common one).
 MAX_GPUS_PER_POD = 16
 
-# A model source: hf://org/name (read from the mounted cache), pvc://claim[/path],
-# an absolute path inside the image, or a bare built-in name.
+# A model source: hf://org/name[@revision] (downloaded into the model cache by
+# the pods' init container), pvc://claim[/path], an absolute path inside the
+# image, or a bare built-in name.
 MODEL_PATTERN = (
-    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9][A-Za-z0-9._/-]*)?"
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^/].*)?"
     r"|/.+"
     r"|[A-Za-z0-9][A-Za-z0-9._-]*)$"
@@ -76,6 +77,7 @@ OWNED_FLAGS = (
     "lora-adapters-file",
     "admin-port",
     "admin-key",
+    "revision",
 )
 OWNED_FLAGS_PATTERN = r"^--(" + "|".join(OWNED_FLAGS) + r")(=.*)?$"
 
@@ -311,10 +313,68 @@ class SecretKeyRef(Model):
     )
 
 
-class ModelCacheSpec(Model):
-    """A PersistentVolumeClaim holding a Hugging Face cache (HF_HOME) for hf:// models."""
+class HFTokenSecretRef(SecretKeyRef):
+    """A key of a Secret holding a Hugging Face access token, for private and gated repos."""
 
-    claim_name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field(
+        "token",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key inside the Secret.",
+    )
+
+
+SIZE_LIMIT_MESSAGE = (
+    "modelCache.sizeLimit sizes the emptyDir an hf:// model is downloaded to: "
+    "it needs an hf:// model"
+)
+MODEL_CACHE_MESSAGE = (
+    "modelCache is a PersistentVolumeClaim (claimName) or a per-pod emptyDir (sizeLimit): "
+    "set exactly one"
+)
+
+
+class ModelCacheSpec(Model):
+    """Where the pods keep the Hugging Face cache (HF_HOME) that hf:// models are downloaded to.
+
+    A claim is shared by the pods and keeps the download across restarts; an
+    emptyDir (the default, unbounded unless sizeLimit is set) is per pod and
+    filled again by every new pod.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.claimName) != has(self.sizeLimit)", MODEL_CACHE_MESSAGE),
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="A PersistentVolumeClaim holding the cache (ReadWriteMany for replicas on "
+        "several nodes). The download writes into it; the runtime mounts it read-only.",
+    )
+    size_limit: Quantity | None = Field(
+        None,
+        description="Without a claim: the size of each pod's emptyDir cache (e.g. 40Gi). A "
+        "model larger than this fails its download at once, before writing.",
+    )
+
+    @field_validator("size_limit")
+    @classmethod
+    def _check_size(cls, value: int | str | None) -> str | None:
+        return _quantity(value)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelCacheSpec:
+        if (self.claim_name is None) == (self.size_limit is None):
+            raise RuleError("", MODEL_CACHE_MESSAGE)
+        return self
 
 
 class ServiceSpec(Model):
@@ -461,7 +521,10 @@ ADAPTER_SOURCE_PATTERN = (
     r"|/.+)$"
 )
 UNIQUE_ADAPTERS_MESSAGE = "adapter names must be unique"
-HF_ADAPTER_MESSAGE = "an hf:// adapter is read from a mounted cache: set modelCache.claimName"
+HF_ADAPTER_MESSAGE = (
+    "an hf:// adapter is read from a claim someone filled (adapters are never downloaded): "
+    "set modelCache.claimName"
+)
 
 
 class AdapterSpec(Model):
@@ -704,12 +767,13 @@ class LLMServiceSpec(Model):
                     ".replicas",
                 ),
                 cel(
-                    "!self.model.startsWith('hf://') || has(self.modelCache)",
-                    "an hf:// model is read from a mounted cache: set modelCache.claimName",
-                    ".modelCache",
+                    "!has(self.modelCache) || !has(self.modelCache.sizeLimit)"
+                    " || self.model.startsWith('hf://')",
+                    SIZE_LIMIT_MESSAGE,
+                    ".modelCache.sizeLimit",
                 ),
                 cel(
-                    "!has(self.adapters) || has(self.modelCache)"
+                    "!has(self.adapters) || (has(self.modelCache) && has(self.modelCache.claimName))"
                     " || self.adapters.all(a, !a.source.startsWith('hf://'))",
                     HF_ADAPTER_MESSAGE,
                     ".modelCache",
@@ -740,9 +804,9 @@ class LLMServiceSpec(Model):
         min_length=1,
         max_length=512,
         pattern=MODEL_PATTERN,
-        description="The model: a built-in name (`smollm2-135m-instruct`), `hf://org/name` "
-        "(read from the cache in modelCache), `pvc://claim/path`, or an absolute path "
-        "inside the image.",
+        description="The model: a built-in name (`smollm2-135m-instruct`), "
+        "`hf://org/name[@revision]` (downloaded by each pod's init container into modelCache, "
+        "then served offline), `pvc://claim/path`, or an absolute path inside the image.",
     )
     served_model_name: str | None = Field(
         None,
@@ -795,7 +859,16 @@ class LLMServiceSpec(Model):
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Clients must send this key as a bearer token (PAGODA_API_KEY)."
     )
-    model_cache: ModelCacheSpec | None = None
+    model_cache: ModelCacheSpec | None = Field(
+        None,
+        description="The Hugging Face cache of hf:// models: a claim, or a per-pod emptyDir "
+        "(the default).",
+    )
+    hf_token_secret_ref: HFTokenSecretRef | None = Field(
+        None,
+        description="A Hugging Face token (HF_TOKEN) for downloading private or gated hf:// "
+        "models; only the download init container sees it.",
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     env: list[EnvVar] = Field(
@@ -872,12 +945,11 @@ class LLMServiceSpec(Model):
             and not auto.min_replicas <= self.replicas <= auto.max_replicas
         ):
             raise RuleError(".replicas", REPLICAS_IN_RANGE_MESSAGE)
-        if self.model.startswith("hf://") and self.model_cache is None:
-            raise RuleError(
-                ".modelCache",
-                "an hf:// model is read from a mounted cache: set modelCache.claimName",
-            )
-        if self.model_cache is None and any(a.source.startswith("hf://") for a in self.adapters):
+        claim = self.model_cache.claim_name if self.model_cache else None
+        size_limit = self.model_cache.size_limit if self.model_cache else None
+        if size_limit is not None and not self.model.startswith("hf://"):
+            raise RuleError(".modelCache.sizeLimit", SIZE_LIMIT_MESSAGE)
+        if claim is None and any(a.source.startswith("hf://") for a in self.adapters):
             raise RuleError(".modelCache", HF_ADAPTER_MESSAGE)
         names = {var.name for var in self.env}
         if ADMIN_KEY_ENV in names:

@@ -14,7 +14,7 @@ loop to retry with backoff.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from pagoda.operator.llmservice import (
     builtin_autoscaling,
     parse,
 )
+from pagoda.operator.model_download import REFRESH_SECONDS, Progress, downloading
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
@@ -39,9 +40,13 @@ from pagoda.operator.render.labels import (
     selector_string,
     service_name,
 )
+from pagoda.operator.render.model_download import downloads_model
 from pagoda.operator.render.secret import admin_key_of, new_admin_key
 from pagoda.operator.render.service import endpoint
 from pagoda.operator.triggers import SERVICE_NAME_LABEL
+
+# Reads the downloading pods' GET /progress (model_download.ProgressReader).
+ProgressRead = Callable[[Sequence[Mapping[str, Any]]], Awaitable[Mapping[str, Progress]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,8 @@ class Outcome:
     writes: list[Write] = field(default_factory=list)
     invalid: InvalidSpec | None = None
     ignored_fields: tuple[str, ...] = ()
+    # Reconcile again this soon without waiting for an event (a download's progress).
+    requeue_after: float | None = None
 
 
 async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
@@ -91,10 +98,13 @@ async def check_references(api: KubeApi, llms: LLMService) -> list[st.Problem]:
     ns, spec = llms.namespace, llms.spec
     if spec.api_key_secret_ref is not None:
         await _check_secret(api, ns, spec.api_key_secret_ref.name, spec.api_key_secret_ref.key)
+    if spec.hf_token_secret_ref is not None:
+        ref = spec.hf_token_secret_ref
+        await _check_secret(api, ns, ref.name, ref.key, "spec.hfTokenSecretRef")
     claims = []
     if spec.model.startswith("pvc://"):
         claims.append(("spec.model", spec.model.removeprefix("pvc://").partition("/")[0]))
-    if spec.model_cache is not None:
+    if spec.model_cache is not None and spec.model_cache.claim_name:
         claims.append(("spec.modelCache.claimName", spec.model_cache.claim_name))
     problems = []
     for path, claim in claims:
@@ -142,7 +152,9 @@ def claim_problems(llms: LLMService, path: str, claim: Mapping[str, Any]) -> lis
     ]
 
 
-async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> None:
+async def _check_secret(
+    api: KubeApi, namespace: str, name: str, key: str, field: str = "spec.apiKeySecretRef"
+) -> None:
     try:
         secret = await api.get("Secret", namespace, name)
     except ApiError as e:
@@ -151,10 +163,10 @@ async def _check_secret(api: KubeApi, namespace: str, name: str, key: str) -> No
         raise
     if secret is None:
         raise MissingReference(
-            "spec.apiKeySecretRef.name", f"Secret {name!r} not found in namespace {namespace!r}"
+            f"{field}.name", f"Secret {name!r} not found in namespace {namespace!r}"
         )
     if key not in (secret.get("data") or {}) | (secret.get("stringData") or {}):
-        raise MissingReference("spec.apiKeySecretRef.key", f"Secret {name!r} has no key {key!r}")
+        raise MissingReference(f"{field}.key", f"Secret {name!r} has no key {key!r}")
 
 
 def last_need(spec: Mapping[str, Any]) -> int:
@@ -194,11 +206,13 @@ async def reconcile(
     now: datetime.datetime,
     scaling: tuple[bool, str, str] | None = None,
     adapters: tuple[bool | None, str, str] | None = None,
+    progress: ProgressRead | None = None,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
-    `previous` is the status as last written. Raises ApiError only for
-    transient errors (the caller retries with backoff).
+    `previous` is the status as last written. `progress` reads the download
+    progress of an hf:// model's pods (None: not read). Raises ApiError only
+    for transient errors (the caller retries with backoff).
     """
     try:
         llms = parse(body, config)
@@ -275,9 +289,10 @@ async def reconcile(
                 raise
             problems.append(_refused(e))
 
+    pods = tuple(await api.list("Pod", llms.namespace, selector_labels(llms)))
     observed = st.Observed(
         deployment,
-        pods=tuple(await api.list("Pod", llms.namespace, selector_labels(llms))),
+        pods=pods,
         endpoint_slices=tuple(
             await api.list(
                 "EndpointSlice", llms.namespace, {SERVICE_NAME_LABEL: service_name(llms)}
@@ -286,6 +301,7 @@ async def reconcile(
         template_hash=template_hash,
         problems=tuple(problems),
         warnings=tuple(warnings),
+        download_progress=await progress(pods) if progress and downloads_model(llms) else None,
     )
     status = st.compute(
         llms,
@@ -300,4 +316,5 @@ async def reconcile(
         if llms.spec.lora_enabled
         else None,
     )
-    return Outcome(status, writes, ignored_fields=llms.ignored_fields)
+    requeue = REFRESH_SECONDS if downloads_model(llms) and downloading(pods) else None
+    return Outcome(status, writes, ignored_fields=llms.ignored_fields, requeue_after=requeue)

@@ -14,6 +14,9 @@ Three conditions, defined the way Deployments and KServe define theirs:
   be pulled, a pod unschedulable past a grace period, a child whose name is
   taken (ChildConflict), a spec the operator or the API server refuses, a
   ReadWriteOnce claim shared by several replicas.
+* `ModelReady` (hf:// models): the pods' download init containers, as
+  Kubernetes' own `Initialized` reports init containers, with the bytes each
+  downloading pod reports on GET /progress.
 
 Each condition keeps its lastTransitionTime until its status really flips, so
 a steady object makes no status writes at all.
@@ -27,7 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.llmservice import InvalidSpec, LLMService
+from pagoda.operator.model_download import PodDownload, Progress, pod_downloads
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
+from pagoda.operator.render.model_download import downloads_model
 
 # Waiting reasons of a container that will not fix themselves.
 FAILING_WAITING = {
@@ -67,6 +72,8 @@ class Observed:
     problems: tuple[Problem, ...] = ()
     # Faults found in what the spec refers to, that do not stop the rollout.
     warnings: tuple[Problem, ...] = ()
+    # What each downloading pod said on GET /progress, by pod name.
+    download_progress: Mapping[str, Progress] | None = None
 
 
 def timestamp(now: datetime.datetime) -> str:
@@ -257,6 +264,7 @@ def compute(
         *observed.warnings,
         *deployment_problems(dep),
         *pod_problems(observed.pods, now, unschedulable_grace),
+        *download_problems(llms, observed),
     ]
     under_way, reason, message = progress(llms, observed)
     if any(p.reason == "ProgressDeadlineExceeded" for p in problems):
@@ -287,6 +295,7 @@ def compute(
             degraded,
             *scaling_condition(scaling, now, old, gen),
             *adapters_condition(adapters, now, old, gen),
+            *model_ready_condition(llms, observed, now, old, gen),
         ],
     }
 
@@ -340,6 +349,99 @@ def adapters_condition(
                 out["lastTransitionTime"] = (
                     old.get("lastTransitionTime") or out["lastTransitionTime"]
                 )
+    return [out]
+
+
+def _current_downloads(llms: LLMService, observed: Observed) -> list[PodDownload]:
+    """The downloads of the pods that run the current spec (an old pod's model is not news)."""
+    if not downloads_model(llms):
+        return []
+    pods = [
+        p
+        for p in observed.pods
+        if observed.template_hash is None
+        or ((p.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
+        == observed.template_hash
+    ]
+    return pod_downloads(pods)
+
+
+def download_problems(llms: LLMService, observed: Observed) -> list[Problem]:
+    """A failed download needs a person (a token, a revision, a bigger volume): Degraded."""
+    return [
+        Problem("DownloadFailed", f"pod {d.pod}: model download failed: {last_words(d.message)}")
+        for d in _current_downloads(llms, observed)
+        if d.state == "Failed"
+    ]
+
+
+def _size(n: int) -> str:
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _pods(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
+def model_ready_condition(
+    llms: LLMService,
+    observed: Observed,
+    now: datetime.datetime,
+    previous: Iterable[Mapping[str, Any]],
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`ModelReady` of an hf:// model: every pod of the current spec has it in its cache.
+
+    False while a pod downloads (with the bytes the downloading pods report,
+    e.g. "3.1 of 14.9 GiB (21%) on 2 pods") or after a download failed (the
+    init container's termination message); Unknown before any pod started.
+    """
+    if not downloads_model(llms):
+        return []
+    downloads = _current_downloads(llms, observed)
+    failed = [d for d in downloads if d.state == "Failed"]
+    running = [d for d in downloads if d.state == "Downloading"]
+    done = [d for d in downloads if d.state == "Done"]
+    model = llms.spec.model
+    if failed:
+        first = failed[0]
+        message = f"{model}: pod {first.pod}: {last_words(first.message)}"
+        if len(failed) > 1:
+            message += f" (and {len(failed) - 1} more pods)"
+        return [
+            condition("ModelReady", False, "DownloadFailed", message, now, previous, generation)
+        ]
+    if running:
+        read = [p for d in running if (p := (observed.download_progress or {}).get(d.pod))]
+        total = sum(p.bytes_total for p in read)
+        if total:
+            got = sum(p.bytes_done for p in read)
+            message = (
+                f"{model}: {_size(got)} of {_size(total)} ({100 * got // total}%) "
+                f"on {_pods(len(running))}"
+            )
+        else:
+            message = f"{model}: downloading on {_pods(len(running))}"
+        return [condition("ModelReady", False, "Downloading", message, now, previous, generation)]
+    if done:
+        # Pods not started yet are not news: a scale-out does not unready the model.
+        message = f"{model} is in the cache of {_pods(len(done))}"
+        return [condition("ModelReady", True, "Downloaded", message, now, previous, generation)]
+    out = condition(
+        "ModelReady",
+        False,
+        "Pending",
+        f"{model}: no download under way yet",
+        now,
+        previous,
+        generation,
+    )
+    out["status"] = "Unknown"
+    for old in previous:
+        if old.get("type") == "ModelReady" and old.get("status") == "Unknown":
+            out["lastTransitionTime"] = old.get("lastTransitionTime") or out["lastTransitionTime"]
     return [out]
 
 
@@ -424,6 +526,8 @@ def transitions(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[tup
             bad = cond["status"] == "False" and before.get("status") == "True"
         elif cond["type"] == "ScalingActive":
             bad = cond["status"] == "False"
+        elif cond["type"] == "ModelReady":
+            bad = cond["reason"] == "DownloadFailed"
         else:
             bad = cond["reason"] == "ProgressDeadlineExceeded"
         kind = "Warning" if bad else "Normal"

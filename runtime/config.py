@@ -128,6 +128,9 @@ class EngineArgs:
     """Every engine option; the CLI flags are these fields with dashes."""
 
     model: str = "smollm2-135m-instruct"
+    # The branch, tag or commit of a Hugging Face repo id `model`, looked up
+    # in the local cache (refs/<revision>); None: main.
+    revision: str | None = None
     tokenizer: str | None = None
     dtype: str = "auto"
     device: str = "auto"

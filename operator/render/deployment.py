@@ -33,6 +33,15 @@ from pagoda.operator.render.labels import (
     metadata,
     selector_labels,
 )
+from pagoda.operator.render.model_download import (
+    download_container,
+    downloads_model,
+    hf_cache_mount,
+    hf_cache_volume,
+    hf_repo,
+    revision_arguments,
+    uses_hf_cache,
+)
 from pagoda.operator.render.paths import (
     ADAPTER_CLAIMS_MOUNT,
     ADAPTERS_FILE_KEY,
@@ -57,8 +66,8 @@ PROBE_PERIOD_SECONDS = 10
 def model_argument(llms: LLMService) -> str:
     """The positional MODEL of `pagoda serve`, as the pod sees it."""
     model = llms.spec.model
-    if model.startswith("hf://"):
-        return model.removeprefix("hf://")  # resolved in HF_HOME, offline
+    if downloads_model(llms):
+        return hf_repo(llms)[0]  # resolved in HF_HOME, offline (--revision picks the revision)
     if model.startswith("pvc://"):
         return adapter_path(llms, model)  # the same rule: the claim is mounted at MODEL_MOUNT
     return model
@@ -84,9 +93,10 @@ def _model_volumes(llms: LLMService) -> tuple[list[dict[str, Any]], list[dict[st
     if claim is not None:
         volumes.append(_claim_volume("model", claim))
         mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    if llms.spec.model_cache and (llms.spec.model.startswith("hf://") or llms.spec.lora_enabled):
-        volumes.append(_claim_volume("hf-cache", llms.spec.model_cache.claim_name))
-        mounts.append({"name": "hf-cache", "mountPath": HF_CACHE_MOUNT, "readOnly": True})
+    cache = hf_cache_volume(llms)
+    if cache is not None:
+        volumes.append(cache)
+        mounts.append(hf_cache_mount(read_only=True))
     for claim in adapter_claims(llms):
         name = _adapter_volume_name(claim)
         volumes.append(_claim_volume(name, claim))
@@ -145,7 +155,7 @@ def _env(llms: LLMService) -> list[dict[str, Any]]:
             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
         }
     env[ADMIN_KEY_ENV] = admin_key_env(llms)
-    if llms.spec.model.startswith("hf://") or (llms.spec.model_cache and llms.spec.lora_enabled):
+    if uses_hf_cache(llms):
         # Read the mounted cache only: a pod must never download weights on start.
         env[HF_HOME_ENV] = {"name": HF_HOME_ENV, "value": HF_CACHE_MOUNT}
         env["HF_HUB_OFFLINE"] = {"name": "HF_HUB_OFFLINE", "value": "1"}
@@ -262,6 +272,7 @@ def _container(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
         "command": ["pagoda", "serve"],
         "args": [
             model_argument(llms),
+            *revision_arguments(llms),
             "--host",
             "0.0.0.0",
             "--port",
@@ -339,8 +350,9 @@ def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
                 "emptyDir": {"medium": "Memory", "sizeLimit": llms.resources.shared_memory},
             }
         )
+    runtime = _container(llms, config)
     pod: dict[str, Any] = {
-        "containers": [_container(llms, config)],
+        "containers": [runtime],
         "terminationGracePeriodSeconds": spec.drain.pre_stop_seconds
         + spec.drain.timeout_seconds
         + EXIT_MARGIN_SECONDS,
@@ -380,6 +392,8 @@ def _pod_spec(llms: LLMService, config: OperatorConfig) -> dict[str, Any]:
         pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     if volumes:
         pod["volumes"] = volumes
+    if downloads_model(llms):
+        pod["initContainers"] = [download_container(llms, runtime)]
     return pod
 
 

@@ -69,6 +69,16 @@ def _run_serve(ns: argparse.Namespace) -> int:
         return 2
 
 
+def _download_parser(sub) -> None:
+    from pagoda.runtime.entrypoints.download import add_download_args, run_download
+
+    p = sub.add_parser(
+        "download", help="download a Hugging Face model into the local cache (before serve)"
+    )
+    add_download_args(p)
+    p.set_defaults(func=run_download)
+
+
 def _bench_parser(sub) -> None:
     from pagoda.runtime.entrypoints.bench_serve import add_bench_serve_args
 
@@ -83,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)
+    _download_parser(sub)
     _bench_parser(sub)
     return parser
 

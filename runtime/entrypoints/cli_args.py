@@ -28,6 +28,7 @@ _CHOICES = {
 }
 _HELP = {
     "model": "built-in name, .gguf file, or Hugging Face folder (with --random-weights: a preset)",
+    "revision": "branch, tag or commit of a Hugging Face repo id MODEL in the local cache",
     "dtype": "weights and activations dtype; auto = bfloat16 on CUDA and bf16-capable CPUs",
     "kv_cache_dtype": "KV cache dtype; auto = the model's. float16 or bfloat16 under a float32 "
     "model halves the cache's memory and what decode attention reads",

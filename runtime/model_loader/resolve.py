@@ -49,9 +49,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def hf_cache_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot of a Hugging Face repo id ("org/name") in the
-    cache ($HF_HOME), or None. Never downloads: pods read a mounted cache."""
+def hf_cache_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The local snapshot of a Hugging Face repo id ("org/name") at `revision`
+    (default main) in the cache ($HF_HOME), or None. Never downloads: pods
+    read a mounted cache (`pagoda download` fills it)."""
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
         return None
     # Read the environment now: huggingface_hub fixes its defaults at import.
@@ -61,7 +62,11 @@ def hf_cache_snapshot(repo_id: str) -> Path | None:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id=repo_id, cache_dir=cache_dir, local_files_only=True))
+        return Path(
+            snapshot_download(
+                repo_id=repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True
+            )
+        )
     except Exception:  # not cached, or not a valid repo id
         return None
 
@@ -72,7 +77,7 @@ def resolve_model_config(args: EngineArgs) -> ModelConfig:
     builtin = resolve_builtin(name)
     path = builtin if builtin is not None else Path(name).expanduser()
     if builtin is None and not path.exists():
-        path = hf_cache_snapshot(name) or path
+        path = hf_cache_snapshot(name, args.revision) or path
     overrides = args.hf_overrides
     if args.random_weights and name.lower() in PRESETS:
         source, path = "random", None

@@ -235,3 +235,53 @@ async def test_owned_objects_are_garbage_collected(node: Cluster) -> None:
     assert pod.pid is None
     with pytest.raises(httpx.HTTPError):
         httpx.get(pod.url, timeout=2)
+
+
+SEED = """
+import os, pathlib, sys
+data = pathlib.Path(os.environ["DATA"])
+if not (data / "tried").exists():
+    (data / "tried").write_text("1")
+    print("first try fails", flush=True)
+    sys.exit(1)
+(data / "seed").write_text("seeded")
+"""
+SERVE_SEED = TOY.replace('self.wfile.write(b"toy")', 'self.wfile.write(open(a.file, "rb").read())')
+SERVE_SEED = SERVE_SEED.replace(
+    'p.add_argument("--port", type=int)',
+    'p.add_argument("--port", type=int); p.add_argument("--file")',
+)
+
+
+async def test_init_containers_run_to_completion_first_and_share_an_emptydir(
+    node: Cluster,
+) -> None:
+    body = toy_deployment()
+    spec = body["spec"]["template"]["spec"]
+    python = Path(sys.executable).name
+    mount = [{"name": "data", "mountPath": "/data"}]
+    spec["volumes"] = [{"name": "data", "emptyDir": {}}]
+    spec["initContainers"] = [
+        {
+            "name": "seed",
+            "image": "toy",
+            "command": [python, "-c", SEED],
+            "env": [{"name": "DATA", "value": "/data"}],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mount,
+        }
+    ]
+    (app,) = spec["containers"]
+    app["command"] = [python, "-c", SERVE_SEED]
+    app["args"] += ["--file", "/data/seed"]
+    app["volumeMounts"] = mount
+    await node.create(body)
+
+    (pod,) = await node.wait_for(node.ready_pods, 30, "a ready pod")
+    assert httpx.get(pod.url, timeout=5).text == "seeded"
+    status = node.get("Pod", pod.name)["status"]
+    (seed,) = status["initContainerStatuses"]
+    assert seed["state"]["terminated"]["exitCode"] == 0 and seed["restartCount"] == 1
+    assert seed["lastState"]["terminated"]["message"] == "first try fails"
+    initialized = next(c for c in status["conditions"] if c["type"] == "Initialized")
+    assert initialized["status"] == "True"

@@ -222,6 +222,7 @@ EVERY_RULE = {
     "rollout": {"maxSurge": "25%", "maxUnavailable": 0},
     "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4},
     "adapters": [{"name": "sql", "source": "/loras/sql"}],
+    "modelCache": {"claimName": "hf"},
 }
 
 
@@ -259,7 +260,8 @@ RULE_CASES = [
     ),
     ({"autoscaling": {"maxReplicas": 2, "mode": "keda"}}, "spec.autoscaling.keda", "serverAddress"),
     ({"replicas": 5, "autoscaling": {"maxReplicas": 2}}, "spec.replicas", "autoscaler owns"),
-    ({"model": "hf://org/m"}, "spec.modelCache", "hf:// model is read from a mounted cache"),
+    ({"modelCache": {"sizeLimit": "20Gi"}}, "spec.modelCache.sizeLimit", "it needs an hf://"),
+    ({"modelCache": {}}, "spec.modelCache", "set exactly one"),
 ]
 
 

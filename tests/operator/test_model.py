@@ -32,7 +32,27 @@ BASE = {"model": "smollm2-135m-instruct"}
 CASES: list[tuple[dict[str, Any], str | None]] = [
     (BASE, None),
     ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct", "modelCache": {"claimName": "hf"}}, None),
-    ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "spec.modelCache"),
+    # An hf:// model is downloaded by the pods' init container: into a claim, or an emptyDir.
+    ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct"}, None),
+    ({"model": "hf://meta-llama/Llama-3.1-8B-Instruct@v1.0"}, None),
+    ({"model": "hf://org/m@0123456789abcdef0123456789abcdef01234567"}, None),
+    ({"model": "hf://org/m@refs/pr/1"}, None),
+    ({"model": "hf://org/m@"}, "spec.model"),
+    ({"model": "hf://org/m@-x"}, "spec.model"),
+    ({"model": "hf://org/m", "modelCache": {"sizeLimit": "40Gi"}}, None),
+    ({**BASE, "modelCache": {"sizeLimit": "40Gi"}}, "spec.modelCache.sizeLimit"),
+    ({"model": "hf://org/m", "modelCache": {"sizeLimit": "lots"}}, "spec.modelCache.sizeLimit"),
+    ({"model": "hf://org/m", "modelCache": {}}, "spec.modelCache"),
+    (
+        {"model": "hf://org/m", "modelCache": {"claimName": "hf", "sizeLimit": "40Gi"}},
+        "spec.modelCache",
+    ),
+    ({"model": "hf://org/m", "hfTokenSecretRef": {"name": "hf"}}, None),
+    (
+        {"model": "hf://org/m", "hfTokenSecretRef": {"name": "hf", "key": "a/b"}},
+        "spec.hfTokenSecretRef.key",
+    ),
+    ({**BASE, "engine": {"extraArgs": ["--revision=v2"]}}, "spec.engine.extraArgs"),
     ({"model": "pvc://models/llama/8b"}, None),
     ({"model": "pvc://models"}, None),
     ({"model": "/opt/models/llama"}, None),
@@ -170,6 +190,14 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "adapters": [{"name": "bad name", "source": "/a"}]}, "spec.adapters[0].name"),
     ({**BASE, "adapters": [{"name": "sql", "source": "s3://x/y"}]}, "spec.adapters[0].source"),
     ({**BASE, "adapters": [{"name": "sql", "source": "hf://org/sql-lora"}]}, "spec.modelCache"),
+    (
+        {
+            "model": "hf://org/m",
+            "modelCache": {"sizeLimit": "1Gi"},
+            "adapters": [{"name": "sql", "source": "hf://org/sql-lora"}],
+        },
+        "spec.modelCache",
+    ),
     (
         {
             **BASE,

@@ -14,6 +14,8 @@ plays them, built on kmock (the emulator from kopf's author):
 * `kubelet.Kubelet`: runs each pod's real container command as a process on
   its own loopback address (127.x.y.z), probes it, restarts and kills it;
 * `proxy.ServiceProxy`: kube-proxy, a TCP proxy per Service;
+* `hub.Hub`: a stand-in for the Hugging Face Hub's download API (HF_ENDPOINT),
+  for the pods' `pagoda download` init containers;
 * `faults.MetricsNetwork`: how the operator reads pods' /metrics, with a
   pod's metrics made unreachable on demand (the pod itself serves on);
 * `cluster.Cluster`: all of the above as one object with a test-friendly API;

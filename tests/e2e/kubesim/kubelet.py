@@ -9,9 +9,17 @@ The image is this virtualenv: `command[0]` is looked up in its bin folder.
 ConfigMap volumes are projected as the kubelet does (each key a symlink into
 a `..data` folder that is swapped atomically) into the pod's folder, and kept
 up to date while the pod runs: a changed ConfigMap reaches the running
-container's files, never its environment. A pod has its own mount namespace
-on a real node; here the kubelet rewrites an argument that names a path
-under a ConfigMap volume's mountPath to the projected folder.
+container's files, never its environment. An emptyDir is a folder of the
+pod's own; a PersistentVolumeClaim a folder of the node's, by claim name,
+that outlives the pod (neither readOnly nor an emptyDir's sizeLimit is
+enforced). A pod has its own mount
+namespace on a real node; here the kubelet rewrites an argument or an
+environment value that names a path under a volume's mountPath to its folder.
+
+Init containers run first, in order, each to completion (a failed one is
+restarted with back-off, as under restartPolicy Always) and are reported in
+`initContainerStatuses` and the `Initialized` condition; the pod's container
+starts once they all succeeded (`_run_init_containers`).
 
 A pod has its own network namespace on a real node; here each pod gets its
 own loopback address instead (`network.AddressPool`), and the one thing the
@@ -34,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -101,6 +110,9 @@ class PodProcess:
     # the resourceVersion last written into its folder.
     volumes: list[dict[str, Any]] = field(default_factory=list)
     projected: dict[str, str] = field(default_factory=dict)
+    # spec.initContainers, and their statuses once they started (None: none).
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    init_statuses: list[dict[str, Any]] | None = None
 
     @property
     def url(self) -> str:
@@ -122,6 +134,15 @@ class PodProcess:
             return self.log_path.read_text(errors="replace")[-tail:]
         except OSError:
             return ""
+
+
+def _initialized(handle: PodProcess) -> bool:
+    """Every init container has completed (the pod's Initialized condition)."""
+    if not handle.init_containers:
+        return True
+    if handle.init_statuses is None:
+        return False
+    return all("terminated" in s["state"] and s["ready"] for s in handle.init_statuses)
 
 
 def _named_port(container: dict[str, Any], port: int | str) -> int:
@@ -228,6 +249,7 @@ class Kubelet:
             workdir=workdir,
             tmpdir=Path(tempfile.mkdtemp(prefix="kubesim-")),
             volumes=list(spec.get("volumes") or []),
+            init_containers=list(spec.get("initContainers") or []),
         )
         handle.task = asyncio.create_task(self._run(handle), name=f"pod {meta['name']}")
         self._pods[meta["namespace"], meta["name"]] = handle
@@ -236,6 +258,8 @@ class Kubelet:
         liveness_failures = 0
         try:
             await self._report(handle)
+            if not await self._run_init_containers(handle):
+                return
             while not handle.stopping:
                 if handle.process is None or handle.process.poll() is not None:
                     liveness_failures = 0
@@ -265,6 +289,92 @@ class Kubelet:
                 await asyncio.sleep(self.probe_interval)
         finally:
             await self._terminate(handle)
+
+    async def _run_init_containers(self, handle: PodProcess) -> bool:
+        """Run spec.initContainers in order, each to completion; False if the pod stops first.
+
+        Each runs with its own command, environment and mounts (a copy of the
+        pod's handle that carries it), on the pod's address; a failed one is
+        restarted with the kubelet's back-off (restartPolicy Always) and its
+        termination message kept in lastState. The app container waits in
+        PodInitializing meanwhile.
+        """
+        if not handle.init_containers:
+            return True
+        handle.init_statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+            for c in handle.init_containers
+        ]
+        handle.waiting = "PodInitializing"
+        for container, status in zip(handle.init_containers, handle.init_statuses, strict=True):
+            run = dataclasses.replace(handle, container=container, process=None, task=None)
+            while True:
+                try:
+                    env = self._environment(run)
+                    self._project_volumes(run)
+                except ConfigError as e:
+                    status["state"] = {
+                        "waiting": {"reason": "CreateContainerConfigError", "message": str(e)}
+                    }
+                    await self._report(handle)
+                    await asyncio.sleep(self.probe_interval)
+                    if handle.stopping:
+                        return False
+                    continue
+                argv = self._argv(run)
+                # One line, whatever the arguments hold: the termination message is what follows.
+                started_line = " ".join(argv).replace("\n", "\\n")
+                with open(handle.log_path, "ab") as out:
+                    out.write(f"--- start {now()}: {started_line}\n".encode())
+                    out.flush()
+                    run.process = subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=handle.workdir,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                started = now()
+                status["state"] = {"running": {"startedAt": started}}
+                await self._report(handle)
+                while run.process.poll() is None and not handle.stopping:
+                    await asyncio.sleep(self.probe_interval)
+                if handle.stopping:
+                    self._kill_group(run)
+                    return False
+                code = run.process.returncode
+                self._kill_group(run)
+                exit_code = 128 + -code if code < 0 else code
+                terminated = {
+                    "exitCode": exit_code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": started,
+                    "finishedAt": now(),
+                }
+                message = self._termination_message(run, code)
+                if message:
+                    terminated["message"] = message
+                if code == 0:
+                    status["state"], status["ready"] = {"terminated": terminated}, True
+                    await self._report(handle)
+                    break
+                status["lastState"] = {"terminated": terminated}
+                status["restartCount"] += 1
+                status["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+                await self._report(handle)
+                await asyncio.sleep(min(10.0, 2.0 ** (status["restartCount"] - 1)))
+                if handle.stopping:
+                    return False
+        handle.waiting = None
+        return True
 
     async def _start_container(self, handle: PodProcess) -> bool:
         """(Re)start the container; False while it must wait (backoff, missing config)."""
@@ -367,13 +477,35 @@ class Kubelet:
         return handle.workdir / "volumes" / volume
 
     def _mounted_path(self, handle: PodProcess, arg: str) -> str:
-        """`arg` with a ConfigMap volume's mountPath replaced by its folder here."""
+        """`arg` with a volume's mountPath replaced by its folder here."""
         flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
-        for volume, _, mount in self._config_map_mounts(handle):
+        folders = [
+            (mount, self._volume_dir(handle, volume))
+            for volume, _, mount in self._config_map_mounts(handle)
+        ]
+        folders += self._directory_mounts(handle)
+        for mount, folder in folders:
             if value == mount or value.startswith(mount + "/"):
-                local = str(self._volume_dir(handle, volume)) + value[len(mount) :]
+                local = str(folder) + value[len(mount) :]
                 return f"{flag}{eq}{local}" if eq else local
         return arg
+
+    def _directory_mounts(self, handle: PodProcess) -> list[tuple[str, Path]]:
+        """(mountPath, folder) of the container's emptyDir and PersistentVolumeClaim volumes."""
+        by_name = {v.get("name"): v for v in handle.volumes}
+        out = []
+        for mount in handle.container.get("volumeMounts") or []:
+            volume = by_name.get(mount.get("name")) or {}
+            if "emptyDir" in volume:
+                folder = self._volume_dir(handle, mount["name"])
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                folder = self.workdir / "claims" / handle.namespace / claim
+            else:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            out.append((mount["mountPath"].rstrip("/"), folder))
+        return out
 
     def _project_volumes(self, handle: PodProcess) -> None:
         """Write each ConfigMap volume whose ConfigMap changed, the kubelet's way:
@@ -427,7 +559,7 @@ class Kubelet:
                 env.update(self._secret(handle, source["secretRef"]["name"]))
         for var in container.get("env") or []:
             if "value" in var:
-                env[var["name"]] = str(var["value"])
+                env[var["name"]] = self._mounted_path(handle, str(var["value"]))
             elif "valueFrom" in var:
                 env[var["name"]] = self._value_from(handle, var["valueFrom"])
         return env
@@ -541,12 +673,14 @@ class Kubelet:
             "podIPs": [{"ip": handle.ip}],
             "conditions": [
                 {"type": "PodScheduled", "status": "True"},
-                {"type": "Initialized", "status": "True"},
+                {"type": "Initialized", "status": "True" if _initialized(handle) else "False"},
                 {"type": "ContainersReady", "status": ready},
                 {"type": "Ready", "status": ready},
             ],
             "containerStatuses": [container_status],
         }
+        if handle.init_statuses is not None:
+            status["initContainerStatuses"] = handle.init_statuses
         path = path_of(PODS, handle.namespace, handle.name) + "/status"
         headers = {"Content-Type": MERGE}
         params = {"fieldManager": "kubelet"}

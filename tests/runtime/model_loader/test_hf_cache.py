@@ -44,3 +44,16 @@ def test_uncached_repo_id_is_a_clear_model_error(tmp_path, monkeypatch):
     with pytest.raises(InvalidRequestError) as err:
         resolve_model_config(EngineArgs(model="acme/absent"))
     assert err.value.param == "model" and "cache" in str(err.value)
+
+
+def test_a_revision_resolves_through_its_ref(tmp_path, monkeypatch, tiny_checkpoint):
+    repo = tmp_path / "models--acme--tiny-llama"
+    for commit, ref in (("1111", "main"), ("2222", "v2")):
+        tiny_checkpoint(repo / "snapshots" / commit, _tiny_config())
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+
+    assert hf_cache_snapshot("acme/tiny-llama", "v2") == repo / "snapshots" / "2222"
+    cfg = resolve_model_config(EngineArgs(model="acme/tiny-llama", revision="v2", dtype="float32"))
+    assert cfg.path == repo / "snapshots" / "2222"
