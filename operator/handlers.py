@@ -196,7 +196,17 @@ async def reconcile_once(
     served: lora.Health | None = memo.get("adapters", {}).get(key)
     adapters = (served.ready, served.reason, served.message) if served else None
     try:
-        outcome = await rc.reconcile(body, api, config, memory.status, now, scaling, adapters)
+        outcome = await rc.reconcile(
+            body,
+            api,
+            config,
+            memory.status,
+            now,
+            scaling,
+            adapters,
+            cache=memo.get("children"),
+            full=trigger != "watch",
+        )
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
         raise
@@ -265,7 +275,12 @@ async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: An
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
     written = (body.get("status") or {}).get("autoscaling") or {}
-    scaler = Autoscaler(memo["api"], memo["scrape"], written=copy.deepcopy(dict(written)))
+    scaler = Autoscaler(
+        memo["api"],
+        memo["scrape"],
+        written=copy.deepcopy(dict(written)),
+        cache=memo.get("children"),
+    )
     interval = 5.0
     try:
         while not stopped:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from pagoda.operator import handlers
+from pagoda.operator import cache, handlers
 from pagoda.operator.model import GROUP, PLURAL, VERSION
 from pagoda.operator.render.labels import MANAGED_BY, MANAGED_BY_LABEL
 from pagoda.operator.triggers import SERVICE_NAME_LABEL
@@ -42,9 +42,10 @@ CHILDREN: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 
 @kopf.on.startup()
 async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **indices: Any
 ) -> None:
     handlers.configure(settings, memo)
+    memo["children"] = cache.ChildCache.from_indices(indices, CHILDREN)
     await handlers.detect_cluster(memo, logger)
 
 
@@ -91,6 +92,8 @@ def _wake_owner(kind: str) -> Any:
 
 
 for _kind, (_resource, _labels) in CHILDREN.items():
+    # The index first: the loop an event wakes reads the cache it updated.
+    kopf.index(*_resource, labels=_labels, id=cache.index_id(_kind))(cache.index_entry)
     kopf.on.event(*_resource, labels=_labels, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
 
 

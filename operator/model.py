@@ -475,12 +475,6 @@ class LoRASpec(Model):
     )
 
 
-REPLICAS_IN_RANGE_MESSAGE = (
-    "with autoscaling enabled the autoscaler owns replicas (spec.replicas is only the "
-    "initial count): it must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]"
-)
-
-
 class ScaleUpSpec(Model):
     """How fast the autoscaler adds replicas (HPA's scale-up behavior, in two numbers)."""
 
@@ -668,13 +662,6 @@ class LLMServiceSpec(Model):
                     ".resources.gpus",
                 ),
                 cel(
-                    "!has(self.autoscaling) || !self.autoscaling.enabled"
-                    " || (self.replicas >= self.autoscaling.minReplicas"
-                    " && self.replicas <= self.autoscaling.maxReplicas)",
-                    REPLICAS_IN_RANGE_MESSAGE,
-                    ".replicas",
-                ),
-                cel(
                     "!self.model.startsWith('hf://') || has(self.modelCache)",
                     "an hf:// model is read from a mounted cache: set modelCache.claimName",
                     ".modelCache",
@@ -723,7 +710,8 @@ class LLMServiceSpec(Model):
         ge=0,
         le=1024,
         description="Runtime pods. `kubectl scale` sets it; with autoscaling, the initial "
-        "count only (the autoscaler writes it through the scale subresource).",
+        "count only (the autoscaler writes it through the scale subresource), and a count "
+        "outside [minReplicas, maxReplicas] is brought within them, as HPA does.",
     )
     min_available: int = Field(
         1,
@@ -794,13 +782,6 @@ class LLMServiceSpec(Model):
                 self.tensor_parallel_size,
                 bool(self.resources.allow_unused_gpus),
             )
-        auto = self.autoscaling
-        if (
-            auto is not None
-            and auto.enabled
-            and not auto.min_replicas <= self.replicas <= auto.max_replicas
-        ):
-            raise RuleError(".replicas", REPLICAS_IN_RANGE_MESSAGE)
         if self.model.startswith("hf://") and self.model_cache is None:
             raise RuleError(
                 ".modelCache",

@@ -9,6 +9,11 @@ reported. A child whose name is taken by an object this LLMService does not
 own is never touched (`ownership`). A write the API server refuses for good
 (4xx) becomes a condition; one it may accept later raises `ApiError` for the
 loop to retry with backoff.
+
+Reads come from the watch-fed cache where it has them (`cache.Reads`), and a
+pass woken by a watch event skips the apply of a child the cache shows
+unchanged (`ChildCache.unchanged`): a pod event then costs no request at all
+but the status write. A full pass (start, resync, retry) applies every child.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 from pagoda.operator import status as st
 from pagoda.operator.api import KubeApi
+from pagoda.operator.cache import ChildCache, Reads
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.drift import Action, classify, stamp
 from pagoda.operator.errors import ApiError, condition_reason
@@ -32,8 +38,14 @@ from pagoda.operator.llmservice import (
 )
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
+from pagoda.operator.render.configmap import stable_adapters_configmap
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
-from pagoda.operator.render.labels import selector_labels, selector_string, service_name
+from pagoda.operator.render.labels import (
+    adapters_configmap_name,
+    selector_labels,
+    selector_string,
+    service_name,
+)
 from pagoda.operator.render.service import endpoint
 from pagoda.operator.triggers import SERVICE_NAME_LABEL
 
@@ -123,12 +135,17 @@ async def reconcile(
     now: datetime.datetime,
     scaling: tuple[bool, str, str] | None = None,
     adapters: tuple[bool | None, str, str] | None = None,
+    cache: ChildCache | None = None,
+    full: bool = True,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
-    `previous` is the status as last written. Raises ApiError only for
-    transient errors (the caller retries with backoff).
+    `previous` is the status as last written. `cache` holds the children as
+    the watches last saw them; without `full`, a child it shows unchanged is
+    not applied again. Raises ApiError only for transient errors (the caller
+    retries with backoff).
     """
+    reads = Reads(api, cache)
     try:
         llms = parse(body, config)
         await check_references(api, llms)
@@ -141,15 +158,26 @@ async def reconcile(
     problems: list[st.Problem] = []
     deployment: dict[str, Any] | None = None
     template_hash: str | None = None
+    if cache is not None and full:
+        cache.forget_gone()
     for desired in children.present:
         kind, name = desired["kind"], desired["metadata"]["name"]
         try:
-            live = await api.get(kind, llms.namespace, name)
+            live = await reads.get(kind, llms.namespace, name)
             taken = conflict(kind, live, llms.uid)
             if taken is not None:
                 problems.append(st.Problem("ChildConflict", taken.message()))
                 continue
-            applied = await api.apply(stamp(desired), config.field_manager)
+            if kind == "ConfigMap" and name == adapters_configmap_name(llms):
+                desired = stable_adapters_configmap(desired, live)
+            if not full and cache is not None and cache.unchanged(desired, live):
+                applied = live
+                assert applied is not None
+            else:
+                applied = await api.apply(stamp(desired), config.field_manager)
+                if cache is not None:
+                    live = cache.before(desired, live)
+                    cache.remember(kind, applied)
         except ApiError as e:
             if not e.permanent:
                 raise
@@ -165,7 +193,7 @@ async def reconcile(
             ]
     for ref in children.absent:
         try:
-            live = await api.get(ref.kind, ref.namespace, ref.name)
+            live = await reads.get_owned(ref.kind, ref.namespace, ref.name)
             # Not ours (a user's own PodDisruptionBudget, say): not ours to delete.
             if live is None or not owned_by(live, llms.uid):
                 continue
@@ -181,9 +209,9 @@ async def reconcile(
 
     observed = st.Observed(
         deployment,
-        pods=tuple(await api.list("Pod", llms.namespace, selector_labels(llms))),
+        pods=tuple(await reads.list("Pod", llms.namespace, selector_labels(llms))),
         endpoint_slices=tuple(
-            await api.list(
+            await reads.list(
                 "EndpointSlice", llms.namespace, {SERVICE_NAME_LABEL: service_name(llms)}
             )
         ),

@@ -110,3 +110,12 @@ def test_nested_objects_default_to_empty_so_inner_defaults_apply() -> None:
     for name in ("engine", "service", "rollout", "drain", "resources", "scheduling"):
         assert spec["properties"][name]["default"] == {}, name
     assert spec["required"] == ["model"]
+
+
+def test_no_rule_ties_replicas_to_the_autoscaling_bounds() -> None:
+    # The rules run on every write, /scale included: one on replicas against
+    # [minReplicas, maxReplicas] refuses a GitOps change that lowers
+    # maxReplicas below the live count. The operator clamps instead, as HPA does.
+    spec = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for rule in spec.get("x-kubernetes-validations", []):
+        assert "self.replicas" not in rule["rule"], rule
