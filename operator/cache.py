@@ -109,9 +109,12 @@ class ChildCache:
 
     def remember(self, kind: str, applied: Mapping[str, Any]) -> None:
         """Record the API server's answer to an apply."""
-        if self.covers(kind):
-            key = (kind, _meta(applied, "namespace") or "", _meta(applied, "name") or "")
-            self.applied[key] = copy.deepcopy(dict(applied))
+        key = (kind, _meta(applied, "namespace") or "", _meta(applied, "name") or "")
+        self.applied[key] = copy.deepcopy(dict(applied))
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """Drop the record of a child that was deleted or found absent."""
+        self.applied.pop((kind, namespace, name), None)
 
     def last_applied(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The answer to this operator's last apply of the child, if any."""
@@ -160,7 +163,7 @@ class ChildCache:
     def forget_gone(self) -> None:
         """Drop the records of children that no longer exist (their owner was deleted)."""
         for kind, namespace, name in list(self.applied):
-            if self.get(kind, namespace, name) is None:
+            if self.covers(kind) and self.get(kind, namespace, name) is None:
                 del self.applied[kind, namespace, name]
 
 

@@ -192,16 +192,29 @@ async def reconcile(
                 TEMPLATE_HASH_ANNOTATION
             ]
     for ref in children.absent:
+        if (
+            not full
+            and cache is not None
+            and not cache.covers(ref.kind)
+            and cache.last_applied(ref.kind, ref.namespace, ref.name) is None
+        ):
+            # A kind the watches do not cache (KEDA's ScaledObject): between
+            # full passes, only one this loop made is looked for.
+            continue
         try:
             live = await reads.get_owned(ref.kind, ref.namespace, ref.name)
             # Not ours (a user's own PodDisruptionBudget, say): not ours to delete.
             if live is None or not owned_by(live, llms.uid):
+                if cache is not None:
+                    cache.forget(ref.kind, ref.namespace, ref.name)
                 continue
             meta = live["metadata"]
             if await api.delete(
                 ref.kind, ref.namespace, ref.name, meta["uid"], meta.get("resourceVersion")
             ):
                 writes.append(Write(Action.DELETE, ref.kind, ref.name))
+            if cache is not None:
+                cache.forget(ref.kind, ref.namespace, ref.name)
         except ApiError as e:
             if not e.permanent:
                 raise

@@ -327,3 +327,69 @@ async def test_without_a_running_target_the_engines_batch_sizes_the_arrivals() -
     result = await scaler.tick(llms, {}, 5.0, NOW)
     # 2 req/s x 10 s = 20 in the batch; full batches of 5: 4 replicas' worth.
     assert result.decision is not None and result.decision.demand == 4
+
+
+# ---------------------------------------------------------------- against kubesim
+async def _service_with_a_busy_pod(cluster: Any) -> Any:
+    from kubesim.testing import create, llmservice, obj
+
+    spec = {"replicas": 1, "autoscaling": {"maxReplicas": 4, "targetQueueDepth": 2}}
+    await create(cluster, llmservice(**spec))
+    busy = pod("busy")
+    busy |= {"apiVersion": "v1", "kind": "Pod"}
+    busy["metadata"] |= {"namespace": "llm", "labels": {"app": "pagoda"}}
+    await create(cluster, busy)
+    return parse(obj(cluster, "pagoda.dev/v1alpha1/llmservices", "chat"), OperatorConfig())
+
+
+async def test_a_status_write_between_the_read_and_the_scale_write_does_not_stop_it(
+    cluster: Any,
+) -> None:
+    from kubesim.testing import LLMS, NS, obj, patch, path_of, requests_to
+    from pagoda.operator.api import KubeApi
+
+    llms = await _service_with_a_busy_pod(cluster)
+
+    async def fetch(url: str, timeout: float) -> str:
+        # The sync loop writes the status while the autoscaler scrapes.
+        await patch(cluster, path_of(LLMS, NS, "chat") + "/status", {"status": {"replicas": 1}})
+        return "vllm:num_requests_waiting 8\n"
+
+    api = KubeApi.from_environment()
+    try:
+        scaler = Autoscaler(api, fetch)
+        result = await scaler.tick(llms, {"app": "pagoda"}, 0.0, NOW)
+    finally:
+        api.close()
+    assert obj(cluster, LLMS, "chat")["spec"]["replicas"] == 4
+    assert result.events[-1][:2] == ("Normal", "ScaledUp")
+    (write,) = requests_to(cluster, "PATCH", "/llmservices/chat/scale")
+    # The precondition is on the count, never on the resourceVersion the
+    # status write just changed.
+    assert write.data == [
+        {"op": "test", "path": "/spec/replicas", "value": 1},
+        {"op": "replace", "path": "/spec/replicas", "value": 4},
+    ]
+
+
+async def test_a_scale_by_someone_else_between_the_read_and_the_write_stands(
+    cluster: Any,
+) -> None:
+    from kubesim.testing import LLMS, NS, obj, patch, path_of
+    from pagoda.operator.api import KubeApi
+
+    llms = await _service_with_a_busy_pod(cluster)
+
+    async def fetch(url: str, timeout: float) -> str:
+        await patch(cluster, path_of(LLMS, NS, "chat") + "/scale", {"spec": {"replicas": 3}})
+        return "vllm:num_requests_waiting 8\n"
+
+    api = KubeApi.from_environment()
+    try:
+        scaler = Autoscaler(api, fetch)
+        result = await scaler.tick(llms, {"app": "pagoda"}, 0.0, NOW)
+    finally:
+        api.close()
+    assert obj(cluster, LLMS, "chat")["spec"]["replicas"] == 3  # kubectl scale's count stands
+    assert not any(e[0] == "Warning" for e in result.events)
+    assert scaler.state.decided == 1
