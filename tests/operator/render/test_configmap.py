@@ -122,8 +122,8 @@ def test_the_adapters_file_follows_the_generation_and_leaves_an_unknown_one_out(
     from pagoda.operator.render.configmap import adapters_file
     from pagoda.runtime.entrypoints.openai.lora_file import parse_adapters_file
 
-    # Each new spec rewrites the file, even with the same adapters: the pods
-    # must learn that it is no longer older than the calls they got.
+    # Rendered with the spec's generation (the reconcile keeps the live file
+    # while it lists the same adapters: stable_adapters_configmap).
     later = adapters_file(parse(adapters_body(generation=5), OperatorConfig()))
     assert parse_adapters_file(later).generation == 5
     unknown = adapters_file(parse(adapters_body(generation=None), OperatorConfig()))
