@@ -75,6 +75,9 @@ class ChildCache:
     indices: Mapping[str, Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]]
     # The API server's answer to the last apply of each child.
     applied: dict[ChildKey, dict[str, Any]] = field(default_factory=dict)
+    # When `forget_gone` last looked (monotonic seconds), and how often it may.
+    pruned_at: float | None = None
+    prune_every: float = 60.0
 
     @classmethod
     def from_indices(cls, indices: Mapping[str, Any], kinds: Iterable[str]) -> ChildCache:
@@ -160,8 +163,15 @@ class ChildCache:
             return mine
         return live
 
-    def forget_gone(self) -> None:
-        """Drop the records of children that no longer exist (their owner was deleted)."""
+    def forget_gone(self, now: float) -> None:
+        """Drop the records of children that no longer exist (their owner was deleted).
+
+        Every loop's full pass calls this, and it looks at every record: it
+        runs at most once per `prune_every` seconds (`now`: monotonic).
+        """
+        if self.pruned_at is not None and now - self.pruned_at < self.prune_every:
+            return
+        self.pruned_at = now
         for kind, namespace, name in list(self.applied):
             if self.covers(kind) and self.get(kind, namespace, name) is None:
                 del self.applied[kind, namespace, name]

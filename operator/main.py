@@ -92,7 +92,8 @@ def _wake_owner(kind: str) -> Any:
 
 
 for _kind, (_resource, _labels) in CHILDREN.items():
-    # The index first: the loop an event wakes reads the cache it updated.
+    # kopf updates the indices before it runs the handlers of the same event,
+    # so the loop an event wakes reads a cache that already holds it.
     kopf.index(*_resource, labels=_labels, id=cache.index_id(_kind))(cache.index_entry)
     kopf.on.event(*_resource, labels=_labels, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
 

@@ -19,6 +19,7 @@ but the status write. A full pass (start, resync, retry) applies every child.
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,7 +160,7 @@ async def reconcile(
     deployment: dict[str, Any] | None = None
     template_hash: str | None = None
     if cache is not None and full:
-        cache.forget_gone()
+        cache.forget_gone(time.monotonic())
     for desired in children.present:
         kind, name = desired["kind"], desired["metadata"]["name"]
         try:

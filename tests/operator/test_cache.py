@@ -113,3 +113,17 @@ async def test_a_miss_asks_the_api_for_a_name_someone_else_may_hold() -> None:
     await reads.list("Pod", "ns", {})
     await reads.get("Secret", "ns", "key")  # a kind not cached
     assert api.calls == [("get", "ConfigMap"), ("get", "Secret")]
+
+
+def test_records_of_children_gone_are_dropped_at_most_once_a_minute() -> None:
+    desired = configmap()
+    cache = cache_of()  # the owner was deleted: its children went with it
+    cache.remember("ConfigMap", served(desired))
+    cache.remember("ScaledObject", {"metadata": {"namespace": "ns", "name": "chat"}})
+    cache.forget_gone(100.0)
+    assert list(cache.applied) == [("ScaledObject", "ns", "chat")]  # not a cached kind
+    cache.remember("ConfigMap", served(desired))
+    cache.forget_gone(130.0)
+    assert ("ConfigMap", "ns", "chat-engine") in cache.applied
+    cache.forget_gone(160.0)
+    assert ("ConfigMap", "ns", "chat-engine") not in cache.applied
