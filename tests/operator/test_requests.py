@@ -14,7 +14,19 @@ from collections import Counter
 from typing import Any
 
 from kubesim.apiserver import ApiServer
-from kubesim.testing import DEPLOYMENTS, LLMS, NS, create, eventually, llmservice, obj
+from kubesim.testing import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    LLMS,
+    NS,
+    create,
+    events,
+    eventually,
+    llmservice,
+    obj,
+    patch,
+    path_of,
+)
 from pagoda.operator import metrics
 from pagoda.operator.config import OperatorConfig
 
@@ -72,3 +84,26 @@ async def test_a_pod_event_costs_no_read_list_or_apply(
     assert calls["child read"] == 0 and calls["list"] == 0, calls
     assert calls["child apply"] == 0, calls
     assert set(calls) <= {"status write"}, calls
+
+
+async def test_a_hand_edit_is_repaired_by_the_pass_its_event_wakes(
+    cluster: ApiServer, run_operator: Any, operator_config: OperatorConfig
+) -> None:
+    quiet = dataclasses.replace(operator_config, resync_seconds=3600.0)  # no resync to help
+    async with run_operator(quiet):
+        await create(cluster, llmservice())
+        await eventually(lambda: obj(cluster, LLMS, "chat")["status"]["conditions"])
+        await asyncio.sleep(0.5)
+        await create(cluster, _pod(cluster, "chat-1"))  # a pass that skips every apply
+        await asyncio.sleep(0.5)
+        await patch(
+            cluster,
+            path_of(CONFIGMAPS, NS, "chat-engine"),
+            {"data": {"PAGODA_DTYPE": "float16"}},
+            fieldManager="kubectl-edit",
+        )
+        await eventually(
+            lambda: obj(cluster, CONFIGMAPS, "chat-engine")["data"]["PAGODA_DTYPE"] == "auto"
+        )
+        (event,) = await eventually(lambda: events(cluster, "DriftRepaired"))
+        assert "data.PAGODA_DTYPE" in event["message"]
