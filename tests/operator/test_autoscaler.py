@@ -329,6 +329,23 @@ async def test_without_a_running_target_the_engines_batch_sizes_the_arrivals() -
     assert result.decision is not None and result.decision.demand == 4
 
 
+async def test_with_the_watch_cache_a_tick_lists_no_pods_through_the_api() -> None:
+    from pagoda.operator.cache import ChildCache
+
+    class NoList(FakeApi):
+        async def list(self, kind: str, namespace: str, labels: Any) -> list[dict[str, Any]]:
+            raise AssertionError("listed through the API")
+
+    cached = pod("a")
+    cached["metadata"] |= {"namespace": "ns", "labels": {"app": "pagoda"}}
+    cache = ChildCache({"Pod": {("ns", "a"): [cached]}})
+    api = NoList(1, [])
+    text = {"a": "vllm:num_requests_waiting 8\n"}
+    scaler = Autoscaler(api, pages(text), cache=cache)  # type: ignore[arg-type]
+    await scaler.tick(service(), {"app": "pagoda"}, 0.0, NOW)
+    assert api.scaled == [(4, 1)]
+
+
 # ---------------------------------------------------------------- against kubesim
 async def _service_with_a_busy_pod(cluster: Any) -> Any:
     from kubesim.testing import create, llmservice, obj
