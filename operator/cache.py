@@ -96,7 +96,8 @@ class ChildCache:
         # Two objects under one name: a delete and a re-create whose events
         # are both in; the one not being deleted is the current one.
         found.sort(key=lambda obj: bool(_meta(obj, "deletionTimestamp")))
-        return dict(found[0])
+        # Copies: what a caller does with its object must not change the cache.
+        return copy.deepcopy(dict(found[0]))
 
     def list(self, kind: str, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """Cached objects of one namespace whose labels include `labels`."""
@@ -107,7 +108,7 @@ class ChildCache:
             for obj in objs:
                 have = _labels(obj)
                 if all(have.get(k) == v for k, v in labels.items()):
-                    out.append(dict(obj))
+                    out.append(copy.deepcopy(dict(obj)))
         return out
 
     def remember(self, kind: str, applied: Mapping[str, Any]) -> None:
