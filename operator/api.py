@@ -37,6 +37,7 @@ from pagoda.operator.model import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 # (connect, read) seconds: a hung connection must not hold a reconcile forever.
 TIMEOUT = (10, 60)
 
@@ -74,6 +75,23 @@ KINDS: dict[str, Kind] = {
 CUSTOM_KINDS: dict[str, tuple[str, str, str]] = {
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
 }
+
+
+def scale_patch(expected: int, replicas: int) -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) of an autoscaling/v1 Scale: `replicas`, if it is still `expected`.
+
+    The Scale's `spec.replicas` is omitted when it is 0 (`omitempty` in the
+    API's Go type), so the count 0 is tested as an empty spec.
+    """
+    if expected == 0:
+        return [
+            {"op": "test", "path": "/spec", "value": {}},
+            {"op": "add", "path": "/spec/replicas", "value": replicas},
+        ]
+    return [
+        {"op": "test", "path": "/spec/replicas", "value": expected},
+        {"op": "replace", "path": "/spec/replicas", "value": replicas},
+    ]
 
 
 def load_configuration() -> Configuration:
@@ -365,18 +383,15 @@ class KubeApi:
             target=f"LLMService {namespace}/{name} scale",
         )
 
-    async def patch_scale(
-        self, namespace: str, name: str, replicas: int, resource_version: str | None
-    ) -> None:
+    async def patch_scale(self, namespace: str, name: str, replicas: int, expected: int) -> None:
         """Set the LLMService's replicas through its scale subresource, as HPA does.
 
-        With `resource_version` the write is refused (409) if the object
-        changed since it was read, so a concurrent `kubectl scale` is never
-        overwritten by a decision made on the count before it.
+        The write carries a precondition on the count itself (`scale_patch`),
+        not on the object's resourceVersion: the operator's own status writes
+        change the version every few seconds, and must not make a decision
+        fail. If someone else changed the count since it was read, the API
+        server refuses the patch with 422 and changes nothing.
         """
-        body: dict[str, Any] = {"spec": {"replicas": replicas}}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
         await self._json(
             self._api("CustomObjectsApi").patch_namespaced_custom_object_scale,
             GROUP,
@@ -384,8 +399,8 @@ class KubeApi:
             namespace,
             PLURAL,
             name,
-            body,
-            _content_type=MERGE_PATCH,
+            scale_patch(expected, replicas),
+            _content_type=JSON_PATCH,
             target=f"LLMService {namespace}/{name} scale",
         )
 

@@ -2,8 +2,9 @@
 
 Every `metricsIntervalSeconds` a tick:
 
-1. reads the scale subresource (the replica count now, and its version);
-2. lists the runtime pods and sorts them (`census`): ready ones are read,
+1. reads the scale subresource (the replica count now);
+2. lists the runtime pods (from the watch-fed cache when the operator has
+   one) and sorts them (`census`): ready ones are read,
    starting ones are capacity that is coming, failing ones are neither;
 3. reads each ready pod's /metrics (`scrape`); a pod that does not answer is
    skipped, never counted as idle; its counters, against its previous
@@ -11,8 +12,13 @@ Every `metricsIntervalSeconds` a tick:
 4. asks the pure scaler (`scaler.decide`) for the replica count;
 5. writes the LLMService's scale subresource if the count changed (never the
    Deployment: the sync loop renders the Deployment from `spec.replicas`),
-   and `status.autoscaling` if what it says changed;
-6. returns the Events to post and the health that the sync loop turns into
+   on the condition that the count is still the one read (`api.scale_patch`);
+   a count outside [minReplicas, maxReplicas], say after a GitOps change
+   lowered maxReplicas, is brought back within them, as HPA does;
+6. writes `status.autoscaling` when the decision changed, its gauges at most
+   every `GAUGE_REFRESH_SECONDS` (`status_due`);
+7. returns the Events to post (each distinct one at most once per
+   `EventLimiter.interval`) and the health that the sync loop turns into
    the `ScalingActive` condition.
 
 The sorting, the observation, the status and the Events are pure functions
@@ -25,19 +31,31 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagoda.operator import metrics
 from pagoda.operator.api import KubeApi
+from pagoda.operator.cache import ChildCache, Reads
 from pagoda.operator.errors import ApiError
+from pagoda.operator.events import EventLimiter, EventTuple
 from pagoda.operator.llmservice import LLMService
 from pagoda.operator.scaler import Decision, Observation, PodSample, Policy, State, decide
 from pagoda.operator.scrape import Fetch, Rates, Reading, ScrapeError, Target, scrape, targets
 from pagoda.operator.status import FAILING_WAITING, pod_ready, timestamp
 
 Results = Mapping[str, PodSample | ScrapeError]
-EventTuple = tuple[str, str, str]  # (type, reason, message)
+
+# The measured values of `status.autoscaling`: refreshed, not written on every change.
+GAUGES = frozenset(
+    ("queueDepth", "runningRequests", "kvCacheUsage", "arrivalRate", "serviceTimeSeconds")
+)
+GAUGE_REFRESH_SECONDS = 30.0
+
+
+def replicas_of(scale: Mapping[str, Any]) -> int:
+    """The count of an autoscaling/v1 Scale (its spec.replicas is omitted when 0)."""
+    return int((scale.get("spec") or {}).get("replicas") or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +219,33 @@ def status(
     return out
 
 
+def status_due(
+    written: Mapping[str, Any],
+    new: Mapping[str, Any],
+    elapsed: float | None,
+    refresh: float,
+) -> bool:
+    """Whether `status.autoscaling` must be written now.
+
+    The decision and the counts (desiredReplicas, panic, the last decision,
+    pods measured...) are written as soon as they change. The gauges
+    (`GAUGES`) move on almost every tick; a status write for each would be a
+    write, a watch event and a resourceVersion change every few seconds per
+    LLMService, so they are refreshed at most every `refresh` seconds
+    (`elapsed`: since the last write, None if unknown), or at once when one
+    appears or goes (measured, or not measured any more).
+    """
+    for key, value in new.items():
+        before = written.get(key)
+        if value == before:
+            continue
+        if key not in GAUGES or (value is None) != (before is None):
+            return True
+        if elapsed is None or elapsed >= refresh:
+            return True
+    return False
+
+
 def scale_event(decision: Decision, current: int) -> EventTuple | None:
     """The Event of a change of the replica count; None if it did not change."""
     if decision.replicas == current:
@@ -248,6 +293,12 @@ class Autoscaler:
     written: dict[str, Any] = field(default_factory=dict)
     failing: dict[str, str] = field(default_factory=dict)
     rates: Rates = field(default_factory=Rates)
+    # The pods as the watches last saw them (None: list them through the API).
+    cache: ChildCache | None = None
+    # When `written` was written (the clock of `tick`); None: not by this loop.
+    written_at: float | None = None
+    gauge_refresh: float = GAUGE_REFRESH_SECONDS
+    limiter: EventLimiter = field(default_factory=EventLimiter)
 
     async def tick(
         self, llms: LLMService, selector: Mapping[str, str], clock: float, now: datetime.datetime
@@ -256,10 +307,8 @@ class Autoscaler:
         spec = llms.spec.autoscaling
         assert spec is not None
         ns, name = llms.namespace, llms.name
-        scale = await self.api.get_scale(ns, name)
-        current = int((scale.get("spec") or {}).get("replicas") or 0)
-        version = (scale.get("metadata") or {}).get("resourceVersion")
-        pods = await self.api.list("Pod", ns, selector)
+        current = replicas_of(await self.api.get_scale(ns, name))
+        pods = await Reads(self.api, self.cache).list("Pod", ns, selector)
         seen = census(pods, now, float(llms.spec.startup_timeout_seconds))
         readings = await scrape(seen.targets, self.fetch, self.scrape_timeout, self.concurrency)
         results = sampled(self.rates, clock, seen.targets, readings)
@@ -275,13 +324,15 @@ class Autoscaler:
         scaled = False
         if decision.replicas != current:
             try:
-                await self.api.patch_scale(ns, name, decision.replicas, version)
+                await self.api.patch_scale(ns, name, decision.replicas, current)
                 scaled = True
             except ApiError as e:
-                if e.status == 409:
-                    # Someone scaled between the read and the write: the next
-                    # tick sees their count (and the scaler respects it).
-                    self.state = decision.state
+                if e.status in (409, 422) and await self._moved(ns, name, current):
+                    # Someone scaled between the read and the write (the
+                    # write's precondition on the count failed): their count
+                    # stands, and the next tick sees it as someone else's.
+                    self.state = replace(decision.state, decided=current)
+                    out.events = self.limiter.filter(out.events, clock)
                     return out
                 if not e.permanent:
                     raise
@@ -297,10 +348,23 @@ class Autoscaler:
             event = scale_event(decision, current)
             if event is not None:
                 out.events.append(event)
-        self.state = decision.state
+        # Only a count that was written is this scaler's: a decision that was
+        # not would read, next tick, as someone else's scale and wipe the
+        # stabilization history and the panic.
+        self.state = (
+            decision.state
+            if scaled or decision.replicas == current
+            else replace(decision.state, decided=current)
+        )
         new = status(decision, obs, self.written, now, scaled)
-        changed = {k: v for k, v in new.items() if self.written.get(k) != v}
-        if changed:
+        elapsed = None if self.written_at is None else clock - self.written_at
+        if status_due(self.written, new, elapsed, self.gauge_refresh):
             await self.api.patch_status(ns, name, {"autoscaling": new})
             self.written = new
+            self.written_at = clock
+        out.events = self.limiter.filter(out.events, clock)
         return out
+
+    async def _moved(self, namespace: str, name: str, expected: int) -> bool:
+        """Whether the replica count is no longer `expected` (read again)."""
+        return replicas_of(await self.api.get_scale(namespace, name)) != expected

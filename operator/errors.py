@@ -12,7 +12,9 @@ Two kinds, as controllers conventionally split them:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 
 class ApiError(Exception):
@@ -51,17 +53,25 @@ def condition_reason(status: int | None) -> str:
 
 @dataclass(slots=True)
 class Backoff:
-    """Exponential backoff for transient errors: first, 2×first, ... up to `cap` seconds."""
+    """Exponential backoff for transient errors, with jitter.
+
+    The n-th delay is drawn from [(1 - jitter) x d, d] where d = first x 2^n,
+    capped at `cap` seconds: when the API server comes back after an outage,
+    the loops of many LLMServices (and of other controllers) that failed
+    together must not all retry at the same instant.
+    """
 
     first: float = 1.0
     cap: float = 60.0
+    jitter: float = 0.5
     failures: int = 0
+    random: Callable[[], float] = field(default=random.random, repr=False)
 
     def next(self) -> float:
         """The delay before the next attempt."""
-        delay = min(self.cap, self.first * 2**self.failures)
+        delay = min(self.cap, self.first * 2 ** min(self.failures, 62))
         self.failures += 1
-        return delay
+        return delay * (1.0 - self.jitter * self.random())
 
     def reset(self) -> None:
         """A success: start from `first` again."""

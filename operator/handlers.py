@@ -251,6 +251,8 @@ async def reconcile_once(
             scaling,
             adapters,
             progress=memo.get("download_progress"),
+            cache=memo.get("children"),
+            full=trigger != "watch",
         )
     except Exception:
         metrics.RECONCILES.labels(trigger, "error").inc()
@@ -325,7 +327,12 @@ async def keep_scaled(body: kopf.Body, memo: kopf.Memo, stopped: Any, logger: An
     meta = body.get("metadata") or {}
     key = (meta.get("namespace", ""), meta.get("name", ""))
     written = (body.get("status") or {}).get("autoscaling") or {}
-    scaler = Autoscaler(memo["api"], memo["scrape"], written=copy.deepcopy(dict(written)))
+    scaler = Autoscaler(
+        memo["api"],
+        memo["scrape"],
+        written=copy.deepcopy(dict(written)),
+        cache=memo.get("children"),
+    )
     interval = 5.0
     try:
         while not stopped:

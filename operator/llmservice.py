@@ -182,3 +182,17 @@ def builtin_autoscaling(llms: LLMService) -> bool:
     """Whether the operator's own autoscaler scales this LLMService (not KEDA, not off)."""
     auto = llms.spec.autoscaling
     return auto is not None and auto.enabled and auto.mode == "builtin"
+
+
+def desired_replicas(llms: LLMService) -> int:
+    """The pods to run: `spec.replicas`, within [minReplicas, maxReplicas] while autoscaling is on.
+
+    As HPA does, a count outside the bounds (a GitOps change that lowered
+    maxReplicas below the live count, a `kubectl scale` past them) is not an
+    error but is brought within them: the autoscaler writes the bounded count
+    back, and the pods follow the bounds at once.
+    """
+    auto = llms.spec.autoscaling
+    if auto is None or not auto.enabled:
+        return llms.spec.replicas
+    return max(auto.min_replicas, min(auto.max_replicas, llms.spec.replicas))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from pagoda.operator import handlers
+from pagoda.operator import cache, handlers
 from pagoda.operator.model import GROUP, PLURAL, VERSION
 
 LLMS = (GROUP, VERSION, PLURAL)
@@ -38,10 +38,11 @@ CHILDREN: dict[str, tuple[str, ...]] = {
 
 @kopf.on.startup()
 async def configure(
-    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **indices: Any
 ) -> None:
     handlers.configure(settings, memo)
     handlers.watch_selectors(settings, CHILDREN.values())
+    memo["children"] = cache.ChildCache.from_indices(indices, CHILDREN)
     await handlers.detect_cluster(memo, logger)
 
 
@@ -69,6 +70,9 @@ def _wake_owner(kind: str) -> Any:
 
 
 for _kind, _resource in CHILDREN.items():
+    # kopf updates the indices before it runs the handlers of the same event,
+    # so the loop an event wakes reads a cache that already holds it.
+    kopf.index(*_resource, id=cache.index_id(_kind))(cache.index_entry)
     kopf.on.event(*_resource, id=f"wake-owner-of-{_kind}")(_wake_owner(_kind))
 
 

@@ -567,12 +567,6 @@ class LoRASpec(Model):
     )
 
 
-REPLICAS_IN_RANGE_MESSAGE = (
-    "with autoscaling enabled the autoscaler owns replicas (spec.replicas is only the "
-    "initial count): it must lie within [autoscaling.minReplicas, autoscaling.maxReplicas]"
-)
-
-
 class ScaleUpSpec(Model):
     """How fast the autoscaler adds replicas (HPA's scale-up behavior, in two numbers)."""
 
@@ -760,13 +754,6 @@ class LLMServiceSpec(Model):
                     ".resources.gpus",
                 ),
                 cel(
-                    "!has(self.autoscaling) || !self.autoscaling.enabled"
-                    " || (self.replicas >= self.autoscaling.minReplicas"
-                    " && self.replicas <= self.autoscaling.maxReplicas)",
-                    REPLICAS_IN_RANGE_MESSAGE,
-                    ".replicas",
-                ),
-                cel(
                     "!has(self.modelCache) || !has(self.modelCache.sizeLimit)"
                     " || self.model.startsWith('hf://')",
                     SIZE_LIMIT_MESSAGE,
@@ -837,7 +824,8 @@ class LLMServiceSpec(Model):
         ge=0,
         le=1024,
         description="Runtime pods. `kubectl scale` sets it; with autoscaling, the initial "
-        "count only (the autoscaler writes it through the scale subresource).",
+        "count only (the autoscaler writes it through the scale subresource), and a count "
+        "outside [minReplicas, maxReplicas] is brought within them, as HPA does.",
     )
     min_available: int = Field(
         1,
@@ -938,13 +926,6 @@ class LLMServiceSpec(Model):
                 self.tensor_parallel_size,
                 bool(self.resources.allow_unused_gpus),
             )
-        auto = self.autoscaling
-        if (
-            auto is not None
-            and auto.enabled
-            and not auto.min_replicas <= self.replicas <= auto.max_replicas
-        ):
-            raise RuleError(".replicas", REPLICAS_IN_RANGE_MESSAGE)
         claim = self.model_cache.claim_name if self.model_cache else None
         size_limit = self.model_cache.size_limit if self.model_cache else None
         if size_limit is not None and not self.model.startswith("hf://"):

@@ -9,17 +9,24 @@ reported. A child whose name is taken by an object this LLMService does not
 own is never touched (`ownership`). A write the API server refuses for good
 (4xx) becomes a condition; one it may accept later raises `ApiError` for the
 loop to retry with backoff.
+
+Reads come from the watch-fed cache where it has them (`cache.Reads`), and a
+pass woken by a watch event skips the apply of a child the cache shows
+unchanged (`ChildCache.unchanged`): a pod event then costs no request at all
+but the status write. A full pass (start, resync, retry) applies every child.
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator import status as st
 from pagoda.operator.api import KubeApi
+from pagoda.operator.cache import ChildCache, Reads
 from pagoda.operator.config import OperatorConfig
 from pagoda.operator.drift import Action, classify, stamp
 from pagoda.operator.errors import ApiError, condition_reason
@@ -33,8 +40,10 @@ from pagoda.operator.llmservice import (
 from pagoda.operator.model_download import REFRESH_SECONDS, Progress, downloading
 from pagoda.operator.ownership import conflict, owned_by
 from pagoda.operator.render import render_children
+from pagoda.operator.render.configmap import stable_adapters_configmap
 from pagoda.operator.render.deployment import TEMPLATE_HASH_ANNOTATION
 from pagoda.operator.render.labels import (
+    adapters_configmap_name,
     admin_secret_name,
     selector_labels,
     selector_string,
@@ -207,13 +216,20 @@ async def reconcile(
     scaling: tuple[bool, str, str] | None = None,
     adapters: tuple[bool | None, str, str] | None = None,
     progress: ProgressRead | None = None,
+    cache: ChildCache | None = None,
+    full: bool = True,
 ) -> Outcome:
     """Bring the children in line with the spec and compute the status.
 
     `previous` is the status as last written. `progress` reads the download
-    progress of an hf:// model's pods (None: not read). Raises ApiError only
-    for transient errors (the caller retries with backoff).
+    progress of an hf:// model's pods (None: not read). `cache` holds the
+    children as the watches last saw them; without `full`, a child it shows
+    unchanged is not applied again, and the admin Secret, which is not
+    watched, is neither read nor applied (the next full pass repairs it).
+    Raises ApiError only for transient errors (the caller retries with
+    backoff).
     """
+    reads = Reads(api, cache)
     try:
         llms = parse(body, config)
         warnings = await check_references(api, llms)
@@ -221,7 +237,7 @@ async def reconcile(
         meta = body.get("metadata") or {}
         # The pods of the last spec that applied still serve: count them. The
         # Service shares the LLMService's name (render.labels.service_name).
-        slices = await api.list(
+        slices = await reads.list(
             "EndpointSlice", meta.get("namespace", ""), {SERVICE_NAME_LABEL: meta.get("name", "")}
         )
         status = st.invalid(
@@ -237,7 +253,7 @@ async def reconcile(
     writes: list[Write] = []
     problems: list[st.Problem] = []
     try:
-        key: str | None = await admin_key(api, llms)
+        key: str | None = await admin_key(api, llms) if full or cache is None else None
     except ApiError as e:
         if not e.permanent:
             raise
@@ -248,10 +264,12 @@ async def reconcile(
     children = render_children(llms, config, key)
     deployment: dict[str, Any] | None = None
     template_hash: str | None = None
+    if cache is not None and full:
+        cache.forget_gone(time.monotonic())
     for desired in children.present:
         kind, name = desired["kind"], desired["metadata"]["name"]
         try:
-            live = await api.get(kind, llms.namespace, name)
+            live = await reads.get(kind, llms.namespace, name)
             taken = conflict(kind, live, llms.uid)
             if taken is not None:
                 # Someone else's Service: its endpoints are not this service's.
@@ -259,7 +277,16 @@ async def reconcile(
                     st.Problem("ChildConflict", taken.message(), blocks_serving=kind == "Service")
                 )
                 continue
-            applied = await api.apply(stamp(desired), config.field_manager)
+            if kind == "ConfigMap" and name == adapters_configmap_name(llms):
+                desired = stable_adapters_configmap(desired, live)
+            if not full and cache is not None and cache.unchanged(desired, live):
+                applied = live
+                assert applied is not None
+            else:
+                applied = await api.apply(stamp(desired), config.field_manager)
+                if cache is not None:
+                    live = cache.before(desired, live)
+                    cache.remember(kind, applied)
         except ApiError as e:
             if not e.permanent:
                 raise
@@ -274,27 +301,40 @@ async def reconcile(
                 TEMPLATE_HASH_ANNOTATION
             ]
     for ref in children.absent:
+        if (
+            not full
+            and cache is not None
+            and not cache.covers(ref.kind)
+            and cache.last_applied(ref.kind, ref.namespace, ref.name) is None
+        ):
+            # A kind the watches do not cache (KEDA's ScaledObject): between
+            # full passes, only one this loop made is looked for.
+            continue
         try:
-            live = await api.get(ref.kind, ref.namespace, ref.name)
+            live = await reads.get_owned(ref.kind, ref.namespace, ref.name)
             # Not ours (a user's own PodDisruptionBudget, say): not ours to delete.
             if live is None or not owned_by(live, llms.uid):
+                if cache is not None:
+                    cache.forget(ref.kind, ref.namespace, ref.name)
                 continue
             meta = live["metadata"]
             if await api.delete(
                 ref.kind, ref.namespace, ref.name, meta["uid"], meta.get("resourceVersion")
             ):
                 writes.append(Write(Action.DELETE, ref.kind, ref.name))
+            if cache is not None:
+                cache.forget(ref.kind, ref.namespace, ref.name)
         except ApiError as e:
             if not e.permanent:
                 raise
             problems.append(_refused(e))
 
-    pods = tuple(await api.list("Pod", llms.namespace, selector_labels(llms)))
+    pods = tuple(await reads.list("Pod", llms.namespace, selector_labels(llms)))
     observed = st.Observed(
         deployment,
         pods=pods,
         endpoint_slices=tuple(
-            await api.list(
+            await reads.list(
                 "EndpointSlice", llms.namespace, {SERVICE_NAME_LABEL: service_name(llms)}
             )
         ),

@@ -7,8 +7,10 @@ the pod template, so changing an engine argument rolls the pods.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from pagoda.operator.llmservice import LLMService
@@ -62,11 +64,13 @@ def render_configmap(llms: LLMService) -> dict[str, Any]:
 def adapters_file(llms: LLMService) -> str:
     """The runtime's `--lora-adapters-file`: `{"generation", "adapters"}`, one adapter a line.
 
-    `generation` is the spec's `metadata.generation`, the one the adapter
-    loop's calls to the pods carry too: the file reaches a pod late (the
-    kubelet's refresh), and a pod skips a file older than a call it has
-    applied, so a removed adapter does not come back. Left out while
-    unknown (the runtime then always applies the file).
+    `generation` orders the file against the adapter loop's calls to the pods,
+    which carry the spec's `metadata.generation`: the file reaches a pod late
+    (the kubelet's refresh), and a pod skips a file older than a call it has
+    applied, so a removed adapter does not come back. The reconcile keeps the
+    live file while it lists the same adapters (`stable_adapters_configmap`),
+    so a change of anything else (a scale, an image) leaves the file alone.
+    Left out while unknown (the runtime then always applies the file).
     """
     entries = [
         json.dumps({"name": a.name, "path": adapter_path(llms, a.source)}, sort_keys=True)
@@ -88,3 +92,38 @@ def render_adapters_configmap(llms: LLMService) -> dict[str, Any]:
         "metadata": metadata(llms, adapters_configmap_name(llms)),
         "data": {ADAPTERS_FILE_KEY: adapters_file(llms)},
     }
+
+
+def _parse_file(configmap: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    text = ((configmap or {}).get("data") or {}).get(ADAPTERS_FILE_KEY)
+    try:
+        parsed = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def stable_adapters_configmap(
+    desired: Mapping[str, Any], live: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """`desired` (the adapters ConfigMap), with the live file kept if it lists the same adapters.
+
+    The spec's generation moves on every change of the spec, a scale
+    included; the file's only needs to move when the adapters do. Keeping the
+    live file then keeps the ConfigMap unchanged: no write, no Event, no
+    refresh in the pods. Its older generation is still the right order: it
+    is the generation that set these adapters, and no call since changed them.
+    """
+    want, have = _parse_file(desired), _parse_file(live)
+    if (
+        want is None
+        or have is None
+        or have.get("adapters") != want.get("adapters")
+        or not isinstance(have.get("generation"), int)
+        or not isinstance(want.get("generation"), int)
+        or have["generation"] > want["generation"]
+    ):
+        return dict(desired)
+    kept = copy.deepcopy(dict(desired))
+    kept["data"][ADAPTERS_FILE_KEY] = live["data"][ADAPTERS_FILE_KEY]  # type: ignore[index]
+    return kept

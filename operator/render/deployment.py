@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from pagoda.operator.config import OperatorConfig
-from pagoda.operator.llmservice import LLMService, rollout_strategy
+from pagoda.operator.llmservice import LLMService, desired_replicas, rollout_strategy
 from pagoda.operator.model import ADMIN_KEY_ENV, API_KEY_ENV, HF_HOME_ENV, LoRASpec
 from pagoda.operator.render.configmap import config_hash, engine_env
 from pagoda.operator.render.labels import (
@@ -450,7 +450,7 @@ def render_deployment(llms: LLMService, config: OperatorConfig) -> dict[str, Any
         "kind": "Deployment",
         "metadata": metadata(llms, deployment_name(llms)),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": desired_replicas(llms),
             "selector": {"matchLabels": selector_labels(llms)},
             "strategy": {
                 "type": "RollingUpdate",

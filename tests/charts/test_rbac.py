@@ -196,7 +196,11 @@ async def _autoscaling(server: ApiServer) -> None:
             "metadata": {
                 "name": "auto-1",
                 "namespace": NS,
-                "labels": {"app.kubernetes.io/name": "pagoda-runtime", OWNER_LABEL: "auto"},
+                "labels": {
+                    "app.kubernetes.io/name": "pagoda-runtime",
+                    "app.kubernetes.io/managed-by": "pagoda-operator",
+                    OWNER_LABEL: "auto",
+                },
                 "annotations": {"prometheus.io/port": str(port)},
             },
             "status": {

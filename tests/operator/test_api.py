@@ -204,7 +204,11 @@ async def test_the_operator_works_behind_chunked_responses(
             "metadata": {
                 "name": "chat-1",
                 "namespace": NS,
-                "labels": {"kubernetes.io/service-name": "chat"},
+                # As the EndpointSlice controller writes them: the Service's labels too.
+                "labels": {
+                    "app.kubernetes.io/managed-by": "pagoda-operator",
+                    "kubernetes.io/service-name": "chat",
+                },
             },
             "addressType": "IPv4",
             "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": True}}],
@@ -254,3 +258,19 @@ def test_only_the_api_module_talks_to_the_kubernetes_api() -> None:
     assert "ClientSession" not in served and "import aiohttp.web" in served
     pods = (package / "pod_http.py").read_text()
     assert "import kubernetes" not in pods and "from kubernetes" not in pods
+
+
+async def test_the_scale_write_holds_only_if_the_count_is_still_the_one_read(
+    cluster: ApiServer, api: KubeApi
+) -> None:
+    await create(cluster, llmservice(replicas=0))
+    # 0 is no field in an autoscaling/v1 Scale: tested as an empty spec.
+    assert (await api.get_scale(NS, "chat"))["spec"] == {}
+    await api.patch_scale(NS, "chat", 2, expected=0)
+    assert obj(cluster, LLMS, "chat")["spec"]["replicas"] == 2
+    with pytest.raises(ApiError) as stale:
+        await api.patch_scale(NS, "chat", 5, expected=1)
+    assert stale.value.status == 422
+    assert obj(cluster, LLMS, "chat")["spec"]["replicas"] == 2
+    await api.patch_scale(NS, "chat", 1, expected=2)
+    assert obj(cluster, LLMS, "chat")["spec"]["replicas"] == 1

@@ -3,16 +3,14 @@
 kubesim's API server now evaluates selectors on the server, refuses duplicate
 keys in an applied list and runs the CRD's CEL rules on /scale and every
 update, and answers 409 to a write with a stale resourceVersion. Each test
-below is the operator's expected behaviour against that server; they are
-skipped until the named defect of the operator is fixed (each fails without
-its skip).
+below is the operator's behaviour against that server, for a defect of the
+operator that only those refusals showed (each failed before its fix).
 """
 
 from __future__ import annotations
 
 import datetime
 
-import pytest
 from kubesim.apiserver import ApiServer
 from kubesim.testing import (
     DEPLOYMENTS,
@@ -50,10 +48,6 @@ async def test_every_child_watch_is_filtered_on_the_server(operator: ApiServer) 
         assert watched[resource].label_selector == child_selector(resource.split("/")), resource
 
 
-@pytest.mark.skip(
-    reason="defect 2 (issue 29): the autoscaler writes the scale with the resourceVersion it "
-    "read before scraping, so the operator's own status write in between makes it a 409"
-)
 async def test_a_status_write_during_the_scrape_does_not_void_the_scale_decision(
     cluster: ApiServer,
 ) -> None:
@@ -96,10 +90,6 @@ async def test_a_users_env_var_of_the_operators_name_wins_without_a_duplicate(
     assert [e["value"] for e in env if e["name"] == "HF_HUB_OFFLINE"] == ["0"]
 
 
-@pytest.mark.skip(
-    reason="defect 5 (issue 29): the CRD's rule 'replicas within [minReplicas, maxReplicas]' "
-    "runs on every update, so lowering maxReplicas below the live count is refused (422)"
-)
 async def test_lowering_max_replicas_below_the_live_count_clamps(operator: ApiServer) -> None:
     autoscaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 4}
     await create(operator, llmservice(replicas=3, autoscaling=autoscaling))

@@ -129,3 +129,12 @@ def test_the_cost_estimate_sizes_unbounded_strings_to_the_whole_request() -> Non
     listed = {"properties": {"args": {"maxItems": 8, "items": {"maxLength": 9}}}}
     # ceil(0.1 * (9 + 1)) * ceil(0.25 * (3 + 1)) per item, 8 items
     assert crd.regex_cost("self.args.all(a, a.matches('^x$'))", listed) == 8
+
+
+def test_no_rule_ties_replicas_to_the_autoscaling_bounds() -> None:
+    # The rules run on every write, /scale included: one on replicas against
+    # [minReplicas, maxReplicas] refuses a GitOps change that lowers
+    # maxReplicas below the live count. The operator clamps instead, as HPA does.
+    spec = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for rule in spec.get("x-kubernetes-validations", []):
+        assert "self.replicas" not in rule["rule"], rule

@@ -48,10 +48,18 @@ def test_permanent_errors_have_a_reason_a_user_can_act_on() -> None:
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
-    backoff = Backoff(first=1.0, cap=5.0)
+    backoff = Backoff(first=1.0, cap=5.0, random=lambda: 0.0)
     assert [backoff.next() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
     backoff.reset()
     assert backoff.next() == 1.0
+
+
+def test_backoff_is_jittered_within_its_lower_half() -> None:
+    shortest = Backoff(first=1.0, cap=5.0, random=lambda: 1.0)
+    assert [shortest.next() for _ in range(4)] == [0.5, 1.0, 2.0, 2.5]
+    # Loops that failed together retry apart.
+    delays = {Backoff(first=8.0).next() for _ in range(20)}
+    assert len(delays) > 1 and all(4.0 <= d <= 8.0 for d in delays)
 
 
 def quiet(config: OperatorConfig) -> OperatorConfig:
@@ -96,8 +104,9 @@ async def test_transient_errors_are_retried_with_backoff(
         started = time.monotonic()
         await create(cluster, llmservice())
         await eventually(lambda: obj(cluster, DEPLOYMENTS, "chat"), timeout=15)
-        # Retried after 1 s, then 2 s: neither hot nor waiting for the resync.
-        assert 3.0 <= time.monotonic() - started < 10.0
+        # Retried after 1 s, then 2 s (each jittered down to half at most):
+        # neither hot nor waiting for the resync.
+        assert 1.5 <= time.monotonic() - started < 10.0
         await eventually(lambda: condition(cluster, "chat", "Degraded"))
         assert condition(cluster, "chat", "Degraded")["status"] == "False"
     assert len(requests_to(cluster, "PATCH", "/deployments/chat")) >= 3

@@ -134,8 +134,10 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({**BASE, "autoscaling": {"minReplicas": 0, "maxReplicas": 4}}, None),
     ({**BASE, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling.minReplicas"),
     ({**BASE, "autoscaling": {"maxReplicas": 0}}, "spec.autoscaling.maxReplicas"),
-    ({**BASE, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, "spec.replicas"),
-    ({**BASE, "replicas": 5, "autoscaling": {"maxReplicas": 4}}, "spec.replicas"),
+    # A count outside the bounds is the operator's to clamp (as HPA does), not an error:
+    # a lower maxReplicas must not be refused because of the live count.
+    ({**BASE, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, None),
+    ({**BASE, "replicas": 5, "autoscaling": {"maxReplicas": 4}}, None),
     ({**BASE, "replicas": 5, "autoscaling": {"maxReplicas": 4, "enabled": False}}, None),
     ({**BASE, "replicas": 2, "autoscaling": {"minReplicas": 2, "maxReplicas": 4}}, None),
     (

@@ -366,6 +366,7 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def _scale_of(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.get("metadata", {})
+        replicas = (obj.get("spec") or {}).get("replicas", 0)
         return {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
@@ -376,7 +377,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 "resourceVersion": meta.get("resourceVersion"),
                 "creationTimestamp": meta.get("creationTimestamp"),
             },
-            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
+            # autoscaling/v1 ScaleSpec.replicas is `omitempty`: 0 is no field.
+            "spec": {"replicas": replicas} if replicas else {},
             "status": {
                 "replicas": (obj.get("status") or {}).get("replicas", 0),
                 "selector": (obj.get("status") or {}).get("selector", ""),
@@ -441,7 +443,9 @@ class ApiServer(kmock.KubernetesEmulator):
                 scale = self._patched(self._scale_of(old or {}), request, method)
                 self._check_version(resource, key[2], scale, old)
                 new = copy.deepcopy(old or {})
-                new.setdefault("spec", {})["replicas"] = (scale.get("spec") or {}).get("replicas")
+                new.setdefault("spec", {})["replicas"] = (scale.get("spec") or {}).get(
+                    "replicas", 0
+                )
             elif is_apply:
                 config = request.data if request.data is not None else yaml.safe_load(request.text)
                 if not isinstance(config, dict):

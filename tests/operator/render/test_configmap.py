@@ -122,8 +122,8 @@ def test_the_adapters_file_follows_the_generation_and_leaves_an_unknown_one_out(
     from pagoda.operator.render.configmap import adapters_file
     from pagoda.runtime.entrypoints.openai.lora_file import parse_adapters_file
 
-    # Each new spec rewrites the file, even with the same adapters: the pods
-    # must learn that it is no longer older than the calls they got.
+    # Rendered with the spec's generation (the reconcile keeps the live file
+    # while it lists the same adapters: stable_adapters_configmap).
     later = adapters_file(parse(adapters_body(generation=5), OperatorConfig()))
     assert parse_adapters_file(later).generation == 5
     unknown = adapters_file(parse(adapters_body(generation=None), OperatorConfig()))
@@ -134,3 +134,22 @@ def test_the_adapters_file_follows_the_generation_and_leaves_an_unknown_one_out(
         "generation": 2,
         "adapters": [],
     }
+
+
+def test_a_spec_change_that_leaves_the_adapters_alone_leaves_the_file_alone() -> None:
+    from pagoda.operator.render.configmap import (
+        render_adapters_configmap,
+        stable_adapters_configmap,
+    )
+
+    live = render_adapters_configmap(parse(adapters_body(generation=4), OperatorConfig()))
+    # A scale (or an image change) moves the generation, not the adapters:
+    # the ConfigMap stays as it is (no write, no Event, no refresh in the pods).
+    scaled = render_adapters_configmap(parse(adapters_body(generation=9), OperatorConfig()))
+    assert stable_adapters_configmap(scaled, live) == live
+    # A change of the adapters carries the generation that made it.
+    body = adapters_body(generation=10)
+    body["spec"]["adapters"].pop()
+    changed = render_adapters_configmap(parse(body, OperatorConfig()))
+    assert stable_adapters_configmap(changed, live) == changed
+    assert stable_adapters_configmap(scaled, None) == scaled

@@ -79,6 +79,16 @@ def test_defaults_serve_the_builtin_model_on_cpu() -> None:
     assert "nodeSelector" not in pod(d) and "tolerations" not in pod(d) and "volumes" not in pod(d)
 
 
+def test_with_autoscaling_the_pods_follow_the_bounds_whatever_the_count() -> None:
+    assert render(replicas=6, autoscaling={"maxReplicas": 4})["spec"]["replicas"] == 4
+    assert (
+        render(replicas=1, autoscaling={"minReplicas": 2, "maxReplicas": 4})["spec"]["replicas"]
+        == 2
+    )
+    off = {"maxReplicas": 4, "enabled": False}
+    assert render(replicas=6, autoscaling=off)["spec"]["replicas"] == 6
+
+
 def test_owner_reference_makes_the_llmservice_the_controller() -> None:
     (owner,) = render()["metadata"]["ownerReferences"]
     assert owner == {
