@@ -35,7 +35,7 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kubesim import fields, patches
+from kubesim import fields, graceful, patches
 from kubesim.labels import matches_selector
 
 APPLY = "application/apply-patch+yaml"
@@ -197,7 +197,31 @@ class ApiServer(kmock.KubernetesEmulator):
             self._prepare_create(request.data, _manager(request), request)
         if request.action == kmock.action.DELETE and request.name is not None:
             self._check_preconditions(request)
+            if graceful.applies_to(request.resource):
+                return await self._delete_gracefully(request)
         return await super()._handle(request)
+
+    async def _delete_gracefully(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A pod's DELETE: marked for its kubelet to stop, removed once it has (`graceful`)."""
+        key: Key = (request.resource, request.namespace, request.name or "")
+        async with self._lock:
+            old = self._stored(key)
+            if old is None:
+                raise kmock.KubernetesObjectNotFoundError()
+            grace = graceful.requested_grace(dict(request.params), request.data)
+            now = datetime.datetime.now(datetime.timezone.utc)
+            deletion = graceful.delete_pod(old, grace, now)
+            new = deletion.obj
+            if deletion.changed:
+                owners = self._owners.get(key, {})
+                new = self._stamp(request.resource, key, old, new, owners, _manager(request), False)
+            if deletion.remove and not new["metadata"].get("finalizers"):
+                self.objects[key].delete()
+                self._owners.pop(key, None)
+                await self._buses[request.resource].put({"type": "DELETED", "object": new})
+            elif deletion.changed:
+                await self._store(request.resource, key, old, new)
+            return aiohttp.web.json_response(new)
 
     def _stored(self, key: Key) -> dict[str, Any] | None:
         if key not in self.objects or self.objects[key].deleted:
@@ -393,8 +417,13 @@ class ApiServer(kmock.KubernetesEmulator):
         self, resource: Any, key: Key, old: dict[str, Any] | None, new: dict[str, Any]
     ) -> None:
         meta = new.get("metadata", {})
-        if old is not None and meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            # The last finalizer is gone: the object goes.
+        released = (old or {}).get("metadata", {}).get("finalizers") and not meta.get("finalizers")
+        if (
+            released
+            and meta.get("deletionTimestamp")
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
+            # The last finalizer is gone and no grace period runs: the object goes.
             self.objects[key].delete()
             self._owners.pop(key, None)
             await self._buses[resource].put({"type": "DELETED", "object": new})

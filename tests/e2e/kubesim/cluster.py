@@ -30,12 +30,14 @@ from types import TracebackType
 from typing import Any
 
 from kubesim.apiserver import MERGE, ApiServer
-from kubesim.controllers import DeploymentController, EndpointSliceController, GarbageCollector
+from kubesim.controllers import EndpointSliceController, GarbageCollector
+from kubesim.deployments import DeploymentController
 from kubesim.faults import MetricsNetwork
 from kubesim.kubelet import Kubelet, PodProcess
 from kubesim.network import AddressPool
 from kubesim.operator import OperatorThread, write_kubeconfig
 from kubesim.proxy import ServiceProxy
+from kubesim.replicasets import ReplicaSetController
 from kubesim.resources import declare
 from kubesim.testing import LLMS, NS, RESOURCE_OF, create, events, path_of
 from pagoda.operator.config import OperatorConfig
@@ -63,6 +65,7 @@ class Cluster:
         self.proxy = ServiceProxy(api, self.addresses)
         self.controllers = [
             DeploymentController(api),
+            ReplicaSetController(api),
             EndpointSliceController(api),
             GarbageCollector(api),
         ]
