@@ -228,12 +228,22 @@ class Cluster:
         )
 
     def describe(self) -> str:
-        """What the cluster looks like: LLMServices, pods and their logs (for failures)."""
+        """What the cluster looks like: LLMServices, Deployments, ReplicaSets, pods and
+        their logs (for failures)."""
         lines = []
         for llms in self.objects("LLMService", None):
             conditions = (llms.get("status") or {}).get("conditions") or []
             brief = [(c["type"], c["status"], c["reason"], c.get("message")) for c in conditions]
             lines.append(f"LLMService {llms['metadata']['name']}: {json.dumps(brief)}")
+        for deployment in self.objects("Deployment", None):
+            status = dict(deployment.get("status") or {})
+            conditions = [
+                (c["type"], c["status"], c["reason"]) for c in status.pop("conditions", [])
+            ]
+            lines.append(f"Deployment {deployment['metadata']['name']}: {status} {conditions}")
+        for rs in self.objects("ReplicaSet", None):
+            spec_replicas = rs["spec"].get("replicas")
+            lines.append(f"ReplicaSet {rs['metadata']['name']}: {spec_replicas} {rs.get('status')}")
         for pod in self.kubelet.pods():
             lines.append(
                 f"pod {pod.name} ip={pod.ip} pid={pod.pid} ready={pod.ready} "
