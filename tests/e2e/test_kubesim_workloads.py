@@ -320,6 +320,22 @@ async def test_a_deployment_runs_its_pods_through_a_replica_set(node: Cluster) -
     assert rs["status"]["replicas"] == 2 and rs["status"]["availableReplicas"] == 2
 
 
+async def test_a_scale_resizes_the_replica_set_without_a_new_revision(node: Cluster) -> None:
+    await node.create(toy(1))
+    await node.wait_for(lambda: complete(node), 30, "the rollout complete")
+    await node.patch("Deployment", "toy", {"spec": {"replicas": 3}})
+    await node.wait_for(
+        lambda: node.get("Deployment", "toy")["status"].get("availableReplicas") == 3,
+        30,
+        "3 available replicas",
+    )
+    (rs,) = node.objects("ReplicaSet")
+    assert rs["spec"]["replicas"] == 3
+    assert rs["metadata"]["annotations"][rollout.DESIRED_REPLICAS] == "3"
+    assert rs["metadata"]["annotations"][rollout.REVISION] == "1"
+    assert condition(node, "Progressing") == ("True", "NewReplicaSetAvailable")
+
+
 @contextlib.asynccontextmanager
 async def pod_census(server: ApiServer, wanted: int) -> AsyncIterator[dict[str, int]]:
     """Watch the pods; on every event note the most active pods and, once `wanted` of them
@@ -445,9 +461,9 @@ def endpoint(cluster: Cluster, pod_name: str) -> dict[str, Any] | None:
 
 async def test_a_deleted_pod_drains_as_a_terminating_endpoint(node: Cluster) -> None:
     body = toy(1, grace=30)
-    # A 2 s preStop pause: the pod still serves while it is a terminating endpoint.
+    # A 3 s preStop pause: the pod still serves while it is a terminating endpoint.
     body["spec"]["template"]["spec"]["containers"][0]["lifecycle"] = {
-        "preStop": {"sleep": {"seconds": 2}}
+        "preStop": {"sleep": {"seconds": 3}}
     }
     await node.create(TOY_SERVICE)
     await node.create(body)

@@ -559,22 +559,20 @@ class Kubelet:
     async def _remove_unstarted(self, pod: dict[str, Any]) -> None:
         """A pod deleted before it ran here has nothing to stop: it goes at once."""
         meta = pod["metadata"]
-        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
-        async with self.server.delete(
-            path_of(PODS, meta["namespace"], meta["name"]), json=body
-        ) as response:
-            if response.status >= 300 and response.status not in (404, 409):
-                log.warning("pod %s delete: %s", meta["name"], await response.text())
+        await self._delete_for_good(meta["namespace"], meta["name"], meta["uid"])
 
     async def _remove(self, handle: PodProcess, code: int | None) -> None:
         """Report the stopped pod's final status, then delete its object for good."""
         handle.ready = False
         await self._report(handle, exit_code=code)
-        path = path_of(PODS, handle.namespace, handle.name)
-        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": handle.uid}}
-        async with self.server.delete(path, json=body) as response:
+        await self._delete_for_good(handle.namespace, handle.name, handle.uid)
+
+    async def _delete_for_good(self, namespace: str, name: str, uid: str) -> None:
+        """The kubelet's last word on a pod: DELETE with a grace period of 0, for this uid."""
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+        async with self.server.delete(path_of(PODS, namespace, name), json=body) as response:
             if response.status >= 300 and response.status not in (404, 409):
-                log.warning("pod %s delete: %s", handle.name, await response.text())
+                log.warning("pod %s delete: %s", name, await response.text())
 
     def _kill_group(self, handle: PodProcess) -> None:
         """SIGKILL the container's process group and reap its main process."""
