@@ -20,7 +20,7 @@ import pytest
 from kubesim import graceful, rollout
 from kubesim.apiserver import ApiServer
 from kubesim.cluster import Cluster
-from kubesim.pods import active, controller_uid, pod_ready
+from kubesim.pods import active, controller_uid, deletion_rank, pod_ready
 from kubesim.testing import NS, PODS, path_of, requests_to
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -142,6 +142,25 @@ def test_progress_stalls_into_progress_deadline_exceeded() -> None:
     assert (stuck["status"], stuck["reason"]) == ("False", "ProgressDeadlineExceeded")
     available = rollout.get_condition(late, "Available")
     assert (available["status"], available["reason"]) == ("False", "MinimumReplicasUnavailable")
+
+
+def ranked_pod(name: str, ready: bool, created: str, ready_since: str = "") -> dict[str, Any]:
+    condition = {"type": "Ready", "status": str(ready), "lastTransitionTime": ready_since}
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"nodeName": "kubesim-node"},
+        "status": {"phase": "Running", "conditions": [condition]},
+    }
+
+
+def test_a_replica_set_deletes_unready_then_recently_ready_pods_first() -> None:
+    pods = [
+        ranked_pod("old-ready", True, "2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z"),
+        ranked_pod("new-ready", True, "2026-01-01T00:00:05Z", "2026-01-01T00:00:20Z"),
+        ranked_pod("not-ready", False, "2026-01-01T00:00:01Z"),
+    ]
+    order = [p["metadata"]["name"] for p in sorted(pods, key=deletion_rank)]
+    assert order == ["not-ready", "new-ready", "old-ready"]
 
 
 # --- graceful deletion (pure)
