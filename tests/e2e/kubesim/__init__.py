@@ -9,8 +9,10 @@ plays them, built on kmock (the emulator from kopf's author):
   no-op writes that change nothing, delete preconditions, injected failures;
 * `chunking.ChunkingProxy`: answers like a real API server does for bodies
   over ~2 KiB, chunked and without Content-Length;
-* `controllers`: the Deployment controller, the EndpointSlice controller and
-  the garbage collector, reduced to what a single-node test cluster needs;
+* `deployments`, `replicasets`: the Deployment controller (its decisions in
+  `rollout`) and the ReplicaSet controller; `controllers`: the EndpointSlice
+  controller and the garbage collector; `graceful`: how a pod's DELETE marks it
+  for its kubelet to stop;
 * `kubelet.Kubelet`: runs each pod's real container command as a process on
   its own loopback address (127.x.y.z), probes it, restarts and kills it;
 * `proxy.ServiceProxy`: kube-proxy, a TCP proxy per Service;

@@ -49,7 +49,7 @@ import attrs
 import kmock
 import multidict
 import yaml
-from kubesim import errors, fields, patches
+from kubesim import errors, fields, graceful, patches
 from kubesim.crd import CustomResource
 from kubesim.labels import SelectorError
 from kubesim.selectors import Selection
@@ -262,6 +262,22 @@ class ApiServer(kmock.KubernetesEmulator):
             return await self._delete(request)
         return await super()._handle(request)
 
+    async def _delete_gracefully(
+        self, request: kmock.Request, key: Key, old: dict[str, Any]
+    ) -> aiohttp.web.StreamResponse:
+        """A pod's DELETE: marked for its kubelet to stop, removed once it has (`graceful`)."""
+        grace = graceful.requested_grace(dict(request.params), request.data)
+        deletion = graceful.delete_pod(old, grace, datetime.datetime.now(datetime.timezone.utc))
+        new = deletion.obj
+        if deletion.remove and not new["metadata"].get("finalizers"):
+            await self._remove(request.resource, key, new)
+            return _answer(new)
+        if deletion.changed:
+            owners = self._owners.get(key, {})
+            new = self._stamp(key, old, new, owners, _manager(request), False)
+            await self._store(request.resource, key, old, new)
+        return _answer(new)
+
     def _stored(self, key: Key) -> dict[str, Any] | None:
         if key not in self.objects or self.objects[key].deleted:
             return None
@@ -336,6 +352,8 @@ class ApiServer(kmock.KubernetesEmulator):
             if old is None:
                 raise kmock.KubernetesObjectNotFoundError()
             self._check_preconditions(request, old)
+            if graceful.applies_to(request.resource):
+                return await self._delete_gracefully(request, key, old)
             meta = old.get("metadata", {})
             if meta.get("finalizers"):
                 if meta.get("deletionTimestamp"):
@@ -564,9 +582,17 @@ class ApiServer(kmock.KubernetesEmulator):
 
     @staticmethod
     def _released(obj: dict[str, Any]) -> bool:
-        """Marked for deletion and no finalizer left: the object goes."""
+        """Marked for deletion, no finalizer left and no grace period running: it goes.
+
+        A terminating pod keeps its object while its kubelet stops it (and
+        writes its status): the kubelet's own final DELETE removes it.
+        """
         meta = obj.get("metadata", {})
-        return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers")
+        return (
+            bool(meta.get("deletionTimestamp"))
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        )
 
     async def _store(
         self, resource: Any, key: Key, old: dict[str, Any] | None, new: dict[str, Any]

@@ -30,12 +30,14 @@ from types import TracebackType
 from typing import Any
 
 from kubesim.apiserver import MERGE, ApiServer
-from kubesim.controllers import DeploymentController, EndpointSliceController, GarbageCollector
+from kubesim.controllers import EndpointSliceController, GarbageCollector
+from kubesim.deployments import DeploymentController
 from kubesim.faults import MetricsNetwork
 from kubesim.kubelet import Kubelet, PodProcess
 from kubesim.network import AddressPool
 from kubesim.operator import OperatorThread, write_kubeconfig
 from kubesim.proxy import ServiceProxy
+from kubesim.replicasets import ReplicaSetController
 from kubesim.resources import declare
 from kubesim.testing import LLMS, NS, RESOURCE_OF, create, events, path_of
 from pagoda.operator.config import OperatorConfig
@@ -63,6 +65,7 @@ class Cluster:
         self.proxy = ServiceProxy(api, self.addresses)
         self.controllers = [
             DeploymentController(api),
+            ReplicaSetController(api),
             EndpointSliceController(api),
             GarbageCollector(api),
         ]
@@ -225,12 +228,22 @@ class Cluster:
         )
 
     def describe(self) -> str:
-        """What the cluster looks like: LLMServices, pods and their logs (for failures)."""
+        """What the cluster looks like: LLMServices, Deployments, ReplicaSets, pods and
+        their logs (for failures)."""
         lines = []
         for llms in self.objects("LLMService", None):
             conditions = (llms.get("status") or {}).get("conditions") or []
             brief = [(c["type"], c["status"], c["reason"], c.get("message")) for c in conditions]
             lines.append(f"LLMService {llms['metadata']['name']}: {json.dumps(brief)}")
+        for deployment in self.objects("Deployment", None):
+            status = dict(deployment.get("status") or {})
+            conditions = [
+                (c["type"], c["status"], c["reason"]) for c in status.pop("conditions", [])
+            ]
+            lines.append(f"Deployment {deployment['metadata']['name']}: {status} {conditions}")
+        for rs in self.objects("ReplicaSet", None):
+            spec_replicas = rs["spec"].get("replicas")
+            lines.append(f"ReplicaSet {rs['metadata']['name']}: {spec_replicas} {rs.get('status')}")
         for pod in self.kubelet.pods():
             lines.append(
                 f"pod {pod.name} ip={pod.ip} pid={pod.pid} ready={pod.ready} "

@@ -32,9 +32,16 @@ Then it does a kubelet's job, with probe periods compressed to
 readiness probe (the runtime's real /health), restarts a container whose
 process exits (restartCount, lastState with the termination message of its
 policy, CrashLoopBackOff while backing off),
-restarts one whose liveness probe fails, and on pod deletion runs the preStop
-pause, sends SIGTERM and SIGKILLs after the grace period. `kill()` plays a
-crash (an OOM kill, say).
+restarts one whose liveness probe fails. `kill()` plays a crash (an OOM
+kill, say).
+
+A deleted pod keeps its object, marked with deletionTimestamp and
+deletionGracePeriodSeconds (`graceful`), until the kubelet has stopped it:
+the preStop pause, SIGTERM, SIGKILL at the grace deadline (a later, shorter
+grace period brings it forward). Meanwhile the readiness probe goes on (the
+liveness and startup probes do not), so the pod's Ready follows the
+container's drain. Then the kubelet reports the pod Succeeded or Failed and
+deletes it with a grace period of 0, which removes the object.
 """
 
 from __future__ import annotations
@@ -105,6 +112,14 @@ class PodProcess:
     # The startup probe has passed: readiness and liveness probes now run.
     started_up: bool = False
     stopping: bool = False
+    # The pod's object was deleted (has a deletionTimestamp): once stopped, the
+    # kubelet removes it. A pod stopped with the node keeps its object.
+    deleted: bool = False
+    # time.monotonic() of the deletion, and of the SIGKILL that ends its grace period.
+    deletion_began: float = 0.0
+    kill_at: float | None = None
+    # Condition type -> (status, lastTransitionTime), as last reported.
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     # The pod's volumes (spec.volumes) and, per projected ConfigMap volume,
     # the resourceVersion last written into its folder.
@@ -208,13 +223,30 @@ class Kubelet:
             known = self._pods.get(key)
             if known is None and not pod["metadata"].get("deletionTimestamp"):
                 self._start(pod)
+            elif known is None and pod["metadata"].get("deletionGracePeriodSeconds"):
+                await self._remove_unstarted(pod)
         for key, handle in list(self._pods.items()):
             pod = live.get(key)
             gone = pod is None or pod["metadata"]["uid"] != handle.uid
-            if gone or (pod or {}).get("metadata", {}).get("deletionTimestamp"):
+            meta = {} if gone or pod is None else pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                self._mark_deleted(handle, meta)
+            if gone:
                 handle.stopping = True
             if handle.task is not None and handle.task.done():
                 del self._pods[key]
+
+    @staticmethod
+    def _mark_deleted(handle: PodProcess, meta: dict[str, Any]) -> None:
+        """The pod was deleted: stop it by its grace deadline (which may only come closer)."""
+        grace = meta.get("deletionGracePeriodSeconds")
+        grace = handle.grace_seconds if grace is None else float(grace)
+        if not handle.deleted:
+            handle.deleted, handle.stopping = True, True
+            handle.deletion_began = time.monotonic()
+        # A later DELETE may shorten the grace period; it counts from the first.
+        deadline = handle.deletion_began + grace
+        handle.kill_at = deadline if handle.kill_at is None else min(handle.kill_at, deadline)
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop every pod (gracefully, then by force) and release the node."""
@@ -614,25 +646,65 @@ class Kubelet:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
+    @staticmethod
+    def _pre_stop_pause(handle: PodProcess) -> float:
+        """Seconds of the preStop hook: `sleep` (1.30+) or `exec` of `sleep N`."""
+        pre_stop = ((handle.container.get("lifecycle") or {}).get("preStop")) or {}
+        command = (pre_stop.get("exec") or {}).get("command") or []
+        if command[:1] == ["sleep"]:
+            return float(command[1])
+        return float((pre_stop.get("sleep") or {}).get("seconds", 0))
+
     async def _terminate(self, handle: PodProcess) -> None:
-        """preStop, SIGTERM, the grace period, SIGKILL; as for a deleted pod."""
+        """preStop, SIGTERM, SIGKILL at the grace deadline; a deleted pod is then removed."""
         process = handle.process
         if process is not None and process.poll() is None:
-            pre_stop = ((handle.container.get("lifecycle") or {}).get("preStop")) or {}
-            pause = (pre_stop.get("sleep") or {}).get("seconds", 0)
-            command = (pre_stop.get("exec") or {}).get("command") or []
-            if command[:1] == ["sleep"]:
-                pause = float(command[1])
             started = time.monotonic()
-            await asyncio.sleep(min(pause, handle.grace_seconds))
-            process.send_signal(signal.SIGTERM)
-            left = max(0.0, handle.grace_seconds - (time.monotonic() - started))
-            deadline = time.monotonic() + left
-            while process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            default_kill_at = started + handle.grace_seconds
+            term_at = started + self._pre_stop_pause(handle)
+            signalled, next_probe = False, started
+            while process.poll() is None:
+                now = time.monotonic()
+                if now >= (handle.kill_at or default_kill_at):
+                    break
+                if not signalled and now >= term_at:
+                    process.send_signal(signal.SIGTERM)
+                    signalled = True
+                if handle.deleted and now >= next_probe:
+                    # Readiness is still probed while a deleted pod drains.
+                    ready = await self._probe(handle, "readinessProbe", default=True)
+                    if ready != handle.ready:
+                        handle.ready = ready
+                        await self._report(handle)
+                    next_probe = now + self.probe_interval
+                await asyncio.sleep(0.05)
         self._kill_group(handle)
+        code = process.returncode if process is not None else None
         handle.process = None
         shutil.rmtree(handle.tmpdir, ignore_errors=True)
+        if handle.deleted:
+            try:
+                await self._remove(handle, code)
+            except (aiohttp.ClientError, OSError) as e:  # the API server went first
+                log.warning("pod %s: cannot remove its object: %s", handle.name, e)
+
+    async def _remove_unstarted(self, pod: dict[str, Any]) -> None:
+        """A pod deleted before it ran here has nothing to stop: it goes at once."""
+        meta = pod["metadata"]
+        await self._delete_for_good(meta["namespace"], meta["name"], meta["uid"])
+
+    async def _remove(self, handle: PodProcess, code: int | None) -> None:
+        """Report the stopped pod's final status, then delete its object for good."""
+        handle.ready = False
+        await self._report(handle, exit_code=code)
+        await self._delete_for_good(handle.namespace, handle.name, handle.uid)
+
+    async def _delete_for_good(self, namespace: str, name: str, uid: str) -> None:
+        """The kubelet's last word on a pod: DELETE with a grace period of 0, for this uid."""
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+        async with self.server.delete(path_of(PODS, namespace, name), json=body) as response:
+            if response.status >= 300 and response.status not in (404, 409):
+                log.warning("pod %s delete: %s", name, await response.text())
 
     def _kill_group(self, handle: PodProcess) -> None:
         """SIGKILL the container's process group and reap its main process."""
@@ -646,12 +718,33 @@ class Kubelet:
         except subprocess.TimeoutExpired:
             log.warning("pod %s: process %s did not die", handle.name, process.pid)
 
-    async def _report(self, handle: PodProcess, message: str = "") -> None:
-        """Write the pod's status as a kubelet does."""
+    def _condition(self, handle: PodProcess, kind: str, status: str) -> dict[str, Any]:
+        """A pod condition whose lastTransitionTime moves only when its status flips."""
+        previous = handle.transitions.get(kind)
+        if previous is None or previous[0] != status:
+            previous = handle.transitions[kind] = (status, now())
+        return {"type": kind, "status": status, "lastTransitionTime": previous[1]}
+
+    async def _report(
+        self, handle: PodProcess, message: str = "", exit_code: int | None = None
+    ) -> None:
+        """Write the pod's status as a kubelet does; `exit_code`: the container stopped for good."""
         running = handle.pid is not None and handle.waiting is None
         ready = "True" if running and handle.ready else "False"
         state: dict[str, Any]
-        if running:
+        phase = "Running" if running else "Pending"
+        if exit_code is not None:
+            code = 128 - exit_code if exit_code < 0 else exit_code
+            state = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": handle.started_at,
+                    "finishedAt": now(),
+                }
+            }
+            phase = "Succeeded" if code == 0 else "Failed"
+        elif running:
             state = {"running": {"startedAt": handle.started_at}}
         else:
             reason = handle.waiting or "ContainerCreating"
@@ -667,15 +760,15 @@ class Kubelet:
         if handle.last_exit:
             container_status["lastState"] = {"terminated": handle.last_exit}
         status = {
-            "phase": "Running" if running else "Pending",
+            "phase": phase,
             "hostIP": "127.0.0.1",
             "podIP": handle.ip,
             "podIPs": [{"ip": handle.ip}],
             "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Initialized", "status": "True" if _initialized(handle) else "False"},
-                {"type": "ContainersReady", "status": ready},
-                {"type": "Ready", "status": ready},
+                self._condition(handle, "PodScheduled", "True"),
+                self._condition(handle, "Initialized", "True" if _initialized(handle) else "False"),
+                self._condition(handle, "ContainersReady", ready),
+                self._condition(handle, "Ready", ready),
             ],
             "containerStatuses": [container_status],
         }

@@ -17,6 +17,11 @@ BUILT_IN: dict[str, dict[str, Any]] = {
         "namespaced": True,
         "subresources": {"status", "scale"},
     },
+    "apps/v1/replicasets": {
+        "kind": "ReplicaSet",
+        "namespaced": True,
+        "subresources": {"status", "scale"},
+    },
     "policy/v1/poddisruptionbudgets": {
         "kind": "PodDisruptionBudget",
         "namespaced": True,

@@ -16,6 +16,7 @@ from kubesim.apiserver import APPLY, MERGE, ApiServer
 NS = "llm"
 LLMS = "pagoda.dev/v1alpha1/llmservices"
 DEPLOYMENTS = "apps/v1/deployments"
+REPLICASETS = "apps/v1/replicasets"
 SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
 PDBS = "policy/v1/poddisruptionbudgets"
@@ -26,6 +27,7 @@ ENDPOINTSLICES = "discovery.k8s.io/v1/endpointslices"
 RESOURCE_OF = {
     "LLMService": LLMS,
     "Deployment": DEPLOYMENTS,
+    "ReplicaSet": REPLICASETS,
     "Service": SERVICES,
     "ConfigMap": CONFIGMAPS,
     "PodDisruptionBudget": PDBS,
