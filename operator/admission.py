@@ -51,37 +51,38 @@ def _openapi_only(schema: Any) -> Any:
     return schema
 
 
-def _rules(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str, dict, Any]]:
-    for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule, value
+def _nodes(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[dict, Any, str]]:
+    """Every (schema node, value, path) of a value, depth first."""
+    yield schema, value, path
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
-                yield from _rules(sub, value[name], f"{path}.{name}")
+                yield from _nodes(sub, value[name], f"{path}.{name}")
     if isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
-            yield from _rules(schema["items"], item, f"{path}[{index}]")
+            yield from _nodes(schema["items"], item, f"{path}[{index}]")
+
+
+def _rules(schema: dict[str, Any], value: Any, path: str) -> Iterator[tuple[str, dict, Any]]:
+    for node, node_value, node_path in _nodes(schema, value, path):
+        for rule in node.get("x-kubernetes-validations", []):
+            yield node_path, rule, node_value
 
 
 def _list_duplicates(schema: dict[str, Any], value: Any, path: str) -> Iterator[str]:
     """Duplicate entries of `map` and `set` lists, as the API server reports them."""
-    kind = schema.get("x-kubernetes-list-type")
-    if isinstance(value, list) and kind in ("map", "set"):
-        keys = schema.get("x-kubernetes-list-map-keys") or []
+    for node, items, node_path in _nodes(schema, value, path):
+        kind = node.get("x-kubernetes-list-type")
+        if not isinstance(items, list) or kind not in ("map", "set"):
+            continue
+        keys = node.get("x-kubernetes-list-map-keys") or []
         seen: set[str] = set()
-        for index, item in enumerate(value):
+        for index, item in enumerate(items):
             key = {k: item.get(k) for k in keys} if kind == "map" else item
             text = json.dumps(key, sort_keys=True)
             if text in seen:
-                yield f"{path.lstrip('.')}[{index}]: Duplicate value: {text}"
+                yield f"{node_path.lstrip('.')}[{index}]: Duplicate value: {text}"
             seen.add(text)
-    if isinstance(value, dict):
-        for name, sub in schema.get("properties", {}).items():
-            if name in value:
-                yield from _list_duplicates(sub, value[name], f"{path}.{name}")
-    if isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            yield from _list_duplicates(schema["items"], item, f"{path}[{index}]")
 
 
 def check(body: dict[str, Any]) -> list[str]:

@@ -322,12 +322,9 @@ class KubeApi:
         return True
 
     # ------------------------------------------------------------- LLMService
-    async def patch_status(self, namespace: str, name: str, changes: Mapping[str, Any]) -> None:
-        """Merge `changes` into the LLMService's status (the status subresource).
-
-        For removals only (a `None` deletes a field whoever wrote it): writes
-        go through `apply_status`.
-        """
+    async def _write_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], **options: Any
+    ) -> None:
         await self._json(
             self._api("CustomObjectsApi").patch_namespaced_custom_object_status,
             GROUP,
@@ -335,9 +332,20 @@ class KubeApi:
             namespace,
             PLURAL,
             name,
-            {"status": dict(changes)},
-            _content_type=MERGE_PATCH,
+            dict(body),
             target=f"LLMService {namespace}/{name} status",
+            **options,
+        )
+
+    async def patch_status(self, namespace: str, name: str, changes: Mapping[str, Any]) -> None:
+        """Merge `changes` into the LLMService's status (the status subresource).
+
+        For the loops' own subtrees (`autoscaling`, `adapters`) and removals
+        (a `None` deletes a field whoever wrote it); the sync loop's fields,
+        conditions among them, go through `apply_status`.
+        """
+        await self._write_status(
+            namespace, name, {"status": dict(changes)}, _content_type=MERGE_PATCH
         )
 
     async def apply_status(
@@ -345,11 +353,10 @@ class KubeApi:
     ) -> None:
         """Server-side apply of the LLMService's status fields that `field_manager` owns.
 
-        Each of the operator's loops applies under a manager of its own, so a
-        loop's write removes only the fields it stopped sending, and other
-        writers' fields, conditions of other types included (the CRD keys
-        conditions by type), are left alone: a merge patch would replace
-        the whole conditions list.
+        A field the manager stops sending is removed, and other writers'
+        fields, conditions of other types included (the CRD keys conditions
+        by type), are left alone: a merge patch would replace the whole
+        conditions list.
         """
         body = {
             "apiVersion": API_VERSION,
@@ -357,18 +364,13 @@ class KubeApi:
             "metadata": {"name": name, "namespace": namespace},
             "status": dict(status),
         }
-        await self._json(
-            self._api("CustomObjectsApi").patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
+        await self._write_status(
             namespace,
-            PLURAL,
             name,
             body,
             field_manager=field_manager,
             force=True,
             _content_type=APPLY_PATCH,
-            target=f"LLMService {namespace}/{name} status",
         )
 
     async def get_scale(self, namespace: str, name: str) -> dict[str, Any]:
