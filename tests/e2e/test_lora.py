@@ -218,8 +218,13 @@ async def test_with_an_api_key_the_operator_converges_through_the_admin_port(
         NAME,
         {"spec": {"adapters": [{"name": "sql", "source": str(adapter_dirs["a"])}]}},
     )
+    # The condition was True already with no adapter: wait for the one added.
     await cluster.wait_for(
-        lambda: adapters_condition(cluster).get("status") == "True",
+        lambda: (
+            adapters_condition(cluster).get("status") == "True"
+            and (cluster.get("LLMService", NAME)["status"].get("adapters") or [{}])[0].get("name")
+            == "sql"
+        ),
         CONVERGE_TIMEOUT,
         "AdaptersReady with apiKeySecretRef",
     )
