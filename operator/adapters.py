@@ -29,6 +29,7 @@ Secret the operator may not read is `AdminKeyUnreadable`, backed off alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Mapping
@@ -131,11 +132,23 @@ def desired_adapters(llms: LLMService) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """The `AdaptersReady` condition: (status, reason, message)."""
+    """The `AdaptersReady` condition: (status, reason, message).
+
+    `adapters` is the list (name, path) the pass that found it converged
+    on: a condition about an older list says nothing about the current one.
+    """
 
     ready: bool | None  # None: unknown (no ready pod to ask)
     reason: str
     message: str
+    adapters: tuple[tuple[str, str], ...] | None = None
+
+    def for_spec(self, llms: LLMService) -> Health:
+        """This health, or Loading if it was found for another adapter list."""
+        wanted = tuple(desired_adapters(llms).items())
+        if self.adapters is None or self.adapters == wanted:
+            return self
+        return Health(False, "Loading", "loading the adapters of the new spec", wanted)
 
 
 def summarize(
@@ -247,9 +260,10 @@ class AdapterSync:
             if key[0] in names and key[1] in desired
         }
         failed = {key: msg for key, (n, msg) in self.attempts.items() if n >= FAILURE_THRESHOLD}
-        entries, out.health = summarize(
+        entries, health = summarize(
             desired, {t.pod: loaded for t, loaded in zip(ready, served, strict=True)}, failed
         )
+        out.health = dataclasses.replace(health, adapters=tuple(desired.items()))
         out.converged = out.health.ready is True
         if entries != self.written:
             await self.api.patch_status(llms.namespace, llms.name, {"adapters": entries})

@@ -239,8 +239,7 @@ async def reconcile_once(
     key = (meta.get("namespace", ""), meta.get("name", ""))
     health: Health | None = memo.get("scaling", {}).get(key)
     scaling = (health.active, health.reason, health.message) if health else None
-    served: lora.Health | None = memo.get("adapters", {}).get(key)
-    adapters = (served.ready, served.reason, served.message) if served else None
+    adapters: lora.Health | None = memo.get("adapters", {}).get(key)
     try:
         outcome = await rc.reconcile(
             body,

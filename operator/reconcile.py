@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagoda.operator import status as st
+from pagoda.operator.adapters import Health as AdaptersHealth
 from pagoda.operator.api import KubeApi
 from pagoda.operator.cache import ChildCache, Reads
 from pagoda.operator.config import OperatorConfig
@@ -178,6 +179,16 @@ async def _check_secret(
         raise MissingReference(f"{field}.key", f"Secret {name!r} has no key {key!r}")
 
 
+def adapters_condition(
+    health: AdaptersHealth | None, llms: LLMService
+) -> tuple[bool | None, str, str]:
+    """(status, reason, message) of AdaptersReady for this spec's adapter list."""
+    if health is None:
+        return None, "Pending", "adapters not checked yet"
+    current = health.for_spec(llms)
+    return current.ready, current.reason, current.message
+
+
 def last_need(spec: Mapping[str, Any]) -> int:
     """The serving endpoints a spec that failed validation asks for, read leniently."""
 
@@ -214,7 +225,7 @@ async def reconcile(
     previous: Mapping[str, Any],
     now: datetime.datetime,
     scaling: tuple[bool, str, str] | None = None,
-    adapters: tuple[bool | None, str, str] | None = None,
+    adapters: AdaptersHealth | None = None,
     progress: ProgressRead | None = None,
     cache: ChildCache | None = None,
     full: bool = True,
@@ -352,9 +363,7 @@ async def reconcile(
         now=now,
         unschedulable_grace=config.unschedulable_grace_seconds,
         scaling=scaling if builtin_autoscaling(llms) else None,
-        adapters=(adapters or (None, "Pending", "adapters not checked yet"))
-        if llms.spec.lora_enabled
-        else None,
+        adapters=adapters_condition(adapters, llms) if llms.spec.lora_enabled else None,
     )
     requeue = REFRESH_SECONDS if downloads_model(llms) and downloading(pods) else None
     return Outcome(status, writes, ignored_fields=llms.ignored_fields, requeue_after=requeue)

@@ -12,6 +12,7 @@ from pagoda.operator.adapters import (
     FAILURE_THRESHOLD,
     MAX_AUTH_BACKOFF,
     AdapterSync,
+    Health,
     HttpPodClient,
     PodCallError,
     admin_url,
@@ -400,3 +401,15 @@ async def test_the_http_client_sends_the_key_as_a_bearer_token() -> None:
         ("/v1/unload_lora_adapter", f"Bearer {KEY}"),
     ]
     assert refused.value.status == 401 and "invalid or missing admin key" in str(refused.value)
+
+
+def test_a_health_found_for_another_adapter_list_is_loading() -> None:
+    # AdaptersReady must not stay True for the old list until the loop's next pass.
+    before = service(("sql", "/a"))
+    health = Health(True, "AdaptersLoaded", "1 adapters on 1 ready pods", (("sql", "/a"),))
+    assert health.for_spec(before) is health
+    after = service(("sql", "/a"), ("code", "/b"))
+    stale = health.for_spec(after)
+    assert (stale.ready, stale.reason) == (False, "Loading")
+    unknown = Health(None, "NoReadyPods", "no ready pod")  # not tied to a list
+    assert unknown.for_spec(after) is unknown
