@@ -53,7 +53,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_step_phases.py --out .bench/step_phases.json
 	$(BIN)/python benchmarks/bench_cpu_kernels.py --out .bench/cpu_kernels.json
 
-# Pagoda against llama.cpp's llama-server (issue 13). The first run builds
+# Pagoda against llama.cpp's llama-server. The first run builds
 # llama-server from the llama-cpp-python sdist (cmake, ninja and a C++
 # compiler; about 15 minutes on 2 cores) into ~/.cache/pagoda-peers.
 bench-peers: install

@@ -1,6 +1,6 @@
 """The C++ CPU attention kernels alone: decode at batch 1 and 16 (K/V from
 memory: 24 different caches in turn, as a step's layers read theirs) and a
-step of prefill chunks (issue 13), for bf16, float32, and float32 over a
+step of prefill chunks, for bf16, float32, and float32 over a
 float16 KV cache (kv_cache_dtype).
 
 `--so PATH` loads a given build of the extension instead of this source's

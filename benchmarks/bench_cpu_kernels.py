@@ -1,4 +1,4 @@
-"""The C++ CPU kernels against the torch twins, inside the engine (issue 13).
+"""The C++ CPU kernels against the torch twins, inside the engine.
 
 Runs `LLM.generate` on B prompts of the same length (greedy, ignore_eos, a
 fixed number of output tokens) and alternates, round after round in one

@@ -1,5 +1,5 @@
 """The packed linear kernels, pagoda's against oneDNN's, on one model's
-projection shapes (issue 13).
+projection shapes.
 
 Each shape gets 30 distinct weights (3 at 64 rows and more), called in turn,
 so the weights come from memory as in a step of the model rather than from

@@ -1,4 +1,4 @@
-"""Multi-LoRA costs, the three numbers issue 11 asks for:
+"""Multi-LoRA costs, in three numbers:
 
   unused     base-model throughput of an engine with `enable_lora` (4 slots,
              rank 8) that serves no adapter, against an engine without LoRA.

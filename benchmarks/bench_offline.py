@@ -41,7 +41,7 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     """Measured FLOP/s of an n x n x n matmul (median of reps): the fastest of
     torch.matmul and the packed linears' kernels (pagoda's and oneDNN's).
     In float32 torch.matmul is MKL's sgemm, which on AMD CPUs takes a slower
-    code path (half oneDNN's rate on the benchmark machine, issue 13)."""
+    code path (half oneDNN's rate on the benchmark machine)."""
     from pagoda.kernels import cpu as cpu_kernels
     from pagoda.runtime.layers import packed_linear
 

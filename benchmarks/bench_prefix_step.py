@@ -1,5 +1,5 @@
 """One prefill step of a request whose prefix is cached, against the same
-number of tokens uncached (issue 13's shared-prefix goal, offline).
+number of tokens uncached (the shared-prefix case, offline).
 
 The offline engine caches a `--prefix-len` prompt prefix once; then, in
 alternating rounds, it runs one request of that prefix plus `--suffix-len`

@@ -1,5 +1,5 @@
 """Where a served token's CPU time goes: the API server, the engine core and
-the benchmark client, in CPU milliseconds per output token (issue 13).
+the benchmark client, in CPU milliseconds per output token.
 
 On a machine with as many cores as the engine has threads, every
 millisecond the API server or the client spends is taken from an engine

@@ -1,4 +1,4 @@
-"""Where a decode step's time goes, phase by phase (issue 13).
+"""Where a decode step's time goes, phase by phase.
 
 Runs the offline engine on B requests (short random prompts, a fixed number
 of output tokens, greedy, ignore_eos) and times every decode-only step by

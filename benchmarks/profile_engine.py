@@ -1,4 +1,4 @@
-"""Where the engine's time goes on the peer benchmark's workload (issue 13).
+"""Where the engine's time goes on the peer benchmark's workload.
 
 Runs `LLM.generate` (the same EngineCore, scheduler, model runner and model
 as the server, without the HTTP and ZMQ hops) on the seeded workload of

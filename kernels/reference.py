@@ -37,7 +37,7 @@ def reshape_and_cache_ref(
     if not bool(keep.all()):
         slots, key, value = slots[keep], key[keep], value[keep]
     # Rows of the cache seen flat: index_copy_ is several times faster on the
-    # CPU than advanced indexing of [blocks, offsets] (measured in issue 13).
+    # CPU than advanced indexing of [blocks, offsets].
     flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_size)
     flat[0].index_copy_(0, slots, key.to(kv_cache.dtype))
     flat[1].index_copy_(0, slots, value.to(kv_cache.dtype))

@@ -1,5 +1,5 @@
 """Where a GPU decode step's time goes, for the step-vs-roofline gap of
-benchmarks/bench_decode_e2e.py (issue 14): the engine's decode steps on a
+benchmarks/bench_decode_e2e.py: the engine's decode steps on a
 Llama-3-8B shape under torch.profiler, wall time per step against the GPU's
 kernel time (the difference is time the GPU waits for the host), and the
 kernels and host calls that take the most time. The linears alone, against

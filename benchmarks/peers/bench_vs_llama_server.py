@@ -1,5 +1,5 @@
 """Pagoda against llama.cpp's llama-server on this machine, side by side,
-with one client (`pagoda bench serve`'s) for both (issue 13).
+with one client (`pagoda bench serve`'s) for both.
 
 Per round, for each dtype and concurrency, both systems run the same seeded
 workload on a freshly started server, in alternating order (round r starts

@@ -5,7 +5,7 @@
 // tensor each layer of each step and runs two batched matmuls, a mask and a
 // softmax around it: about fifteen ops and as many temporaries per layer.
 // At batch 1 that is framework overhead, at batch 16 it is allocation and
-// copying (issue 13). Here one call per layer reads K and V in place.
+// copying. Here one call per layer reads K and V in place.
 //
 // The query heads that share a KV head (GQA) are computed together, so each
 // K/V row is read once.

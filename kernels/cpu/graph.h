@@ -1,8 +1,8 @@
 // A CPU graph: the kernel calls of one forward pass, recorded while it runs
 // eagerly and replayed later from C++ alone. The CPU's counterpart of a CUDA
 // graph: a batch-1 decode step of a small model spends more time in the
-// Python that issues its ~300 kernel calls than in some of the kernels
-// (issue 13), and a replay issues them with none of it.
+// Python that issues its ~300 kernel calls than in some of the kernels,
+// and a replay issues them with none of it.
 //
 // Every kernel entry point of this extension runs through `run_op`, which
 // runs the call and, while a graph is being captured on this thread, keeps

@@ -1,5 +1,5 @@
 // Linear layers on the CPU: y = x W^T (+ bias) on a weight packed once at
-// load time, for every number of rows a step brings (issue 13).
+// load time, for every number of rows a step brings.
 //
 // Why not oneDNN's prepacked linear, which this replaces where the CPU has
 // AVX-512 or AVX2: at the few rows of a decode step the layer is a read of

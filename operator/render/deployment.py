@@ -179,7 +179,7 @@ def engine_threads(llms: LLMService) -> int | None:
     static CPU manager), so its own default (every core) would start 64
     threads on a 64-core node for a pod that asked for 8, and OpenMP threads
     without a core stall every step. On cores of its own, the engine is
-    fastest with one thread per core (docs/benchmarks.md, issue 13). GPU
+    fastest with one thread per core (docs/benchmarks.md). GPU
     pods and tensor-parallel CPU pods (which divide the cores among their
     ranks) are left to the runtime.
     """

@@ -124,7 +124,7 @@ async def _one_request(
             # The client shares the machine with the server it measures, so
             # its per-token work is kept small: aiohttp's C line reader and
             # one json.loads per event (with httpx's streaming the client
-            # took 0.55 ms of CPU per token, with this 0.25; issue 13).
+            # took 0.55 ms of CPU per token, with this 0.25).
             async for line in resp.content:
                 if not line.startswith(b"data: "):
                     continue
@@ -268,7 +268,7 @@ async def run_benchmark(
     # A connection per request: with pooled connections, llama-server at 16
     # concurrent streams failed 9 of 64 requests ("Can not write request
     # body", "Server disconnected"; aiohttp retries no POST); with a fresh
-    # connection each, none (issue 13's peer benchmark).
+    # connection each, none (the peer benchmark).
     connector = aiohttp.TCPConnector(limit=max_concurrency or len(requests) or 1, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(

@@ -1,4 +1,4 @@
-"""Linear layers on the CPU on weights packed once at load time (issue 13).
+"""Linear layers on the CPU on weights packed once at load time.
 
 `F.linear` on the CPU hands a plain row-major weight to oneDNN (bf16) or MKL
 (float32) on every call, and oneDNN reorders it into its blocked layout each

@@ -4,7 +4,7 @@ graphs on the CPU.
 A decode step of a small model is dominated by what issues its kernels, not
 by the kernels: hundreds of launches on a GPU, and on the CPU the Python of
 the model's modules around ~300 C++ calls (1.4 ms of a 9.7 ms batch-1 step of
-SmolLM2, issue 13). A graph issues them all with none of it:
+SmolLM2). A graph issues them all with none of it:
 
 - CUDA: `torch.cuda.CUDAGraph` captures the step's kernel launches.
 - CPU: `pagoda.kernels.cpu`'s `CpuGraph` records every call into the C++
